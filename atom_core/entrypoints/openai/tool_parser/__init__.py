@@ -1,0 +1,1 @@
+"""Tool-call parsing: the format contract (base) and the one stream reader over it."""

@@ -1,0 +1,84 @@
+"""Every extension point of ATOM, in one file.
+
+A plugin is a module with ``@hookimpl`` functions, named in its distribution's
+``[project.entry-points.atom]`` table. Each hook receives ``register``: call it once per
+thing you provide. A plugin that cannot serve this machine calls
+``register.decline("one-line reason")`` instead and returns; declining never raises.
+
+The core's own defaults (torch reference ops, the native attention backend) register
+through these same hooks, so every name you see in ``atom plugins`` got there one way.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("atom")
+hookimpl = pluggy.HookimplMarker("atom")
+
+
+@hookspec
+def register_model_architectures(register):
+    """Provide model classes, keyed by Hugging Face architecture name.
+
+    Call ``register(name, model_cls)`` where ``name`` is the string that appears in
+    ``config.json``'s ``architectures[0]`` (e.g. ``"LlamaForCausalLM"``) and ``model_cls``
+    is an ``nn.Module`` subclass built as ``model_cls(hf_config)``. The engine picks the
+    class whose name equals the checkpoint's architecture. Two distributions registering
+    the same name is an error at start-up.
+    """
+
+
+@hookspec
+def register_ops(register):
+    """Provide implementations of named fused ops.
+
+    Call ``register(op_name, fn, provider=..., device_kinds=(...), priority=0)``.
+    ``op_name`` is one of the core's op names (``rms_norm``, ``fused_add_rms_norm``,
+    ``silu_and_mul``, ...) with the signature of the native reference in
+    ``atom_core.ops.native``; ``provider`` names the implementation family (``native``,
+    ``triton``, ``aiter``); ``device_kinds`` lists where it runs (``cpu``, ``cuda``,
+    ``hip``). For each op the implementation with the highest priority that supports the
+    current device wins; ``ATOM_OPS_PROVIDER=name`` forces one provider.
+    """
+
+
+@hookspec
+def register_attention_backends(register):
+    """Provide paged attention backends.
+
+    Call ``register(name, backend_cls, device_kinds=(...), kind="mha", priority=0)``;
+    ``kind`` is ``"mha"`` (MHA/GQA over a paged K/V cache) or ``"mla"`` (latent cache).
+    The engine uses the highest-priority backend of the model's kind that supports the
+    current device.
+    """
+
+
+@hookspec
+def register_spec_decode_proposers(register):
+    """Provide speculative-decoding draft proposers.
+
+    Call ``register(method, proposer_cls)``; ``method`` is the value users pass to
+    ``--method`` (``mtp``, ``eagle3``, ``ngram``). Names are unique across plugins.
+    """
+
+
+@hookspec
+def register_tool_formats(register):
+    """Provide tool-call wire formats.
+
+    Call ``register(name, format_cls)``; ``name`` is what users pass to
+    ``--tool-call-parser``. The class declares ``START_MARKERS``, ``opens_region``,
+    ``parse_region(text, at_end)`` and its call closers, and a template signature used to
+    detect it from a chat template. Names are unique across plugins.
+    """
+
+
+@hookspec
+def register_reasoning_dialects(register):
+    """Provide reasoning-channel dialects.
+
+    Call ``register(name, dialect_cls)``; the dialect declares its channel delimiters and a
+    template signature used to detect it from a chat template. Names are unique across
+    plugins.
+    """

@@ -1,0 +1,21 @@
+"""Registers the torch reference ops: lowest priority, every device."""
+
+from __future__ import annotations
+
+from atom_core.hookspecs import hookimpl
+from atom_core.ops.native.activation import silu_and_mul
+from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
+from atom_core.ops.native.rotary import rotary_embedding
+
+NATIVE_OPS = {
+    "rms_norm": rms_norm,
+    "fused_add_rms_norm": fused_add_rms_norm,
+    "silu_and_mul": silu_and_mul,
+    "rotary_embedding": rotary_embedding,
+}
+
+
+@hookimpl
+def register_ops(register):
+    for name, fn in NATIVE_OPS.items():
+        register(name, fn, provider="native", device_kinds=("cpu", "cuda", "hip"), priority=0)

@@ -1,0 +1,1 @@
+"""AMD ROCm kernels (aiter) as ATOM ops; declines on machines without ROCm and aiter."""

@@ -1,0 +1,1 @@
+"""DeepSeek-V2/V3 (MLA attention, mixture-of-experts) for ATOM."""
