@@ -1,0 +1,181 @@
+"""Config and its parts: the one source of truth for every engine setting.
+
+Each field's ``metadata`` carries its CLI spelling and help; ``engine/arg_utils.py``
+derives the flags from these dataclasses, so a setting is never written down twice.
+Flag spellings and defaults follow the serving guide's "Engine CLI arguments" table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from atom_core.errors import ConfigError
+
+DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
+                         136, 144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256]
+LOAD_DUMMY_MODES = ("empty", "zero", "xavier")
+
+
+def opt(default: Any, flags: tuple[str, ...], help: str, **extra: Any) -> Any:
+    """A config field with its CLI flags and help text."""
+    meta = {"flags": flags, "help": help, **extra}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = opt(16, ("--block-size",), "KV cache block size (tokens per block)")
+    gpu_memory_utilization: float = opt(
+        0.9, ("--gpu-memory-utilization",), "fraction of GPU memory the engine may use (0, 1]"
+    )
+    kv_cache_dtype: str = opt(
+        "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"), "KV cache dtype: bf16 or fp8",
+        choices=("bf16", "fp8", "auto"),
+    )
+    enable_prefix_caching: bool = opt(
+        False, ("--enable_prefix_caching", "--enable-prefix-caching"), "reuse KV blocks of shared prompt prefixes"
+    )
+    num_gpu_blocks_override: int | None = opt(
+        None, ("--num-gpu-blocks-override",), "use exactly this many KV blocks (testing, capacity planning)"
+    )
+    cpu_kv_cache_space_gib: float = opt(
+        4.0, ("--cpu-kv-cache-space",), "GiB of KV cache when running on CPU"
+    )
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = opt(512, ("--max-num-seqs",), "maximum sequences per batch")
+    max_num_batched_tokens: int = opt(
+        16384, ("--max-num-batched-tokens",), "maximum tokens per step; longer prefills are chunked"
+    )
+    max_model_len: int | None = opt(None, ("--max-model-len",), "maximum context length (default: the model's)")
+    scheduler_delay_factor: float = opt(
+        0.0, ("--scheduler-delay-factor",),
+        "wait this fraction of the last step's latency before admitting a new prompt, to batch arrivals",
+    )
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = opt(1, ("--tensor-parallel-size", "-tp"), "tensor parallel size")
+    data_parallel_size: int = opt(1, ("--data-parallel-size", "-dp"), "data parallel size")
+    enable_expert_parallel: bool = opt(False, ("--enable-expert-parallel",), "expert parallelism for MoE")
+    enable_dp_attention: bool = opt(False, ("--enable-dp-attention",), "data-parallel attention")
+
+
+@dataclass
+class CompilationConfig:
+    enforce_eager: bool = opt(False, ("--enforce-eager",), "disable CUDA graph capture; run eagerly")
+    level: int = opt(3, ("--level",), "compilation level 0-3; 3 = torch.compile", choices=(0, 1, 2, 3))
+    cudagraph_capture_sizes: list[int] = opt(
+        DEFAULT_CAPTURE_SIZES, ("--cudagraph-capture-sizes",), "batch sizes captured as CUDA graphs",
+        nargs="+",
+    )
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str | None = opt(None, ("--method",), "speculative decoding method (e.g. mtp)")
+    num_speculative_tokens: int = opt(1, ("--num-speculative-tokens",), "speculative tokens per step")
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = opt(
+        None, ("--model",), "HF directory, .gguf file, or config.json with --load_dummy "
+        "(default: the embedded SmolLM2-135M-Instruct)"
+    )
+    tokenizer: str | None = opt(None, ("--tokenizer",), "tokenizer directory (default: the model's)")
+    dtype: str = opt(
+        "auto", ("--dtype",), "weights and activations dtype: auto (bf16 on GPU, fp32 on CPU), "
+        "bfloat16, float16, float32", choices=("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"),
+    )
+    load_dummy: str | None = opt(
+        None, ("--load_dummy", "--load-dummy"),
+        "dummy weights, no checkpoint read: bare flag or =empty, =zero, =xavier", nargs="?", const="empty",
+        choices=LOAD_DUMMY_MODES,
+    )
+    trust_remote_code: bool = opt(False, ("--trust-remote-code",), "trust remote code (refused: not supported)")
+    seed: int = opt(0, ("--seed",), "seed for dummy weights and unseeded sampling")
+    device: str = opt("auto", ("--device",), "auto, cpu or cuda")
+
+
+@dataclass
+class ObservabilityConfig:
+    enable_log_stats: bool = opt(
+        True, ("--enable-log-stats",), "emit the periodic engine-status line", boolean_optional=True
+    )
+    throughput_log_interval: float = opt(10.0, ("--throughput-log-interval",), "seconds between status lines")
+    torch_profiler_dir: str | None = opt(None, ("--torch-profiler-dir",), "directory for torch profiler traces")
+    port: int = opt(8006, ("--port",), "internal engine communication port")
+
+
+PARTS: dict[str, type] = {
+    "model_config": ModelConfig,
+    "cache_config": CacheConfig,
+    "scheduler_config": SchedulerConfig,
+    "parallel_config": ParallelConfig,
+    "compilation_config": CompilationConfig,
+    "speculative_config": SpeculativeConfig,
+    "observability_config": ObservabilityConfig,
+}
+
+
+@dataclass
+class Config:
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    speculative_config: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> Config:
+        """Build from flat field names (``LLMEngine(model, max_model_len=...)``)."""
+        parts: dict[str, dict[str, Any]] = {name: {} for name in PARTS}
+        owner = {f.name: part for part, dc in PARTS.items() for f in fields(dc)}
+        for key, value in kwargs.items():
+            if key not in owner:
+                raise ConfigError(f"unknown engine option {key!r}")
+            parts[owner[key]][key] = value
+        config = cls(**{part: PARTS[part](**vals) for part, vals in parts.items()})
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        """Refuse what this version does not implement, rather than ignoring it."""
+        p, c, s, m = self.parallel_config, self.cache_config, self.scheduler_config, self.model_config
+        if p.tensor_parallel_size != 1:
+            raise ConfigError("--tensor-parallel-size > 1 is not supported yet; run with -tp 1")
+        if p.data_parallel_size != 1:
+            raise ConfigError("--data-parallel-size > 1 is not supported yet; run with -dp 1")
+        if p.enable_expert_parallel or p.enable_dp_attention:
+            raise ConfigError("--enable-expert-parallel / --enable-dp-attention are not supported yet")
+        if c.kv_cache_dtype == "fp8":
+            raise ConfigError("--kv_cache_dtype fp8 is not supported yet; use bf16 (the default)")
+        if self.speculative_config.method is not None:
+            raise ConfigError(f"speculative decoding (--method {self.speculative_config.method}) is not supported yet")
+        if m.trust_remote_code:
+            raise ConfigError("--trust-remote-code is not supported: ATOM runs only registered architectures")
+        if c.block_size < 1 or c.block_size & (c.block_size - 1):
+            raise ConfigError(f"--block-size must be a power of two, got {c.block_size}")
+        if not 0 < c.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+        if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 1:
+            raise ConfigError("--num-gpu-blocks-override must be >= 1")
+        if s.max_num_seqs < 1 or s.max_num_batched_tokens < 1:
+            raise ConfigError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+        if s.max_model_len is not None and s.max_model_len < 1:
+            raise ConfigError("--max-model-len must be >= 1")
+        if s.scheduler_delay_factor < 0:
+            raise ConfigError("--scheduler-delay-factor must be >= 0")
+        if m.load_dummy is not None and m.load_dummy not in LOAD_DUMMY_MODES:
+            raise ConfigError(f"--load_dummy must be one of {LOAD_DUMMY_MODES}, got {m.load_dummy!r}")
+        if m.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device must be auto, cpu or cuda, got {m.device!r}")

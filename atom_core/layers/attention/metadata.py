@@ -1,0 +1,42 @@
+"""What attention needs to know about a batch: where each sequence's tokens are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """A flat batch of S sequences and T new tokens over a paged KV cache.
+
+    Sequence i computes query tokens ``query_start_loc[i]:query_start_loc[i+1]`` of the
+    flat batch, which are the last ``query_len`` of its ``seq_lens[i]`` context tokens
+    (earlier ones are already cached). A prefill chunk, a cached-prefix extend and a
+    decode (query_len 1) are the same thing here, and one batch may mix them.
+
+    slot_mapping     [T] int64   cache slot of each new token: block_id * block_size + offset
+    query_start_loc  [S+1] int32 cumulative query lengths
+    seq_lens         [S] int32   context length of each sequence including this step
+    block_tables     [S, max_blocks] int32  the sequence's blocks in order; padding is -1
+    max_query_len / max_seq_len / is_decode_only: host-side facts, so backends need no sync
+    """
+
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
