@@ -1,0 +1,86 @@
+"""Incremental detokenization and stop strings.
+
+Decoding only the newest tokens, against a few tokens of context, keeps the cost per
+token constant; waiting while the text ends in U+FFFD keeps a UTF-8 character that is
+split across tokens from coming out as garbage. With stop strings, the last
+``len(longest stop) - 1`` characters are withheld until they cannot start one, so a stop
+string split across tokens never leaks into streamed output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Tokens of prompt kept as context, so a word-initial space decodes as it would mid-text.
+CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        stop_strings: list[str] | None = None,
+        include_stop_str_in_output: bool = False,
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = list(prompt_token_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.skip_special_tokens = skip_special_tokens
+        self.stop_strings = [s for s in (stop_strings or []) if s]
+        self.include_stop = include_stop_str_in_output
+        self.hold = max((len(s) for s in self.stop_strings), default=1) - 1
+        self.text = ""
+        self.released = 0  # characters of self.text already handed out
+        self.stopped_on: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add_token(self, token_id: int) -> None:
+        """Feed one generated token; afterwards check ``stopped_on``."""
+        if self.stopped_on is not None:
+            return
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return  # an incomplete character, or a token that decodes to nothing yet
+        start = len(self.text)
+        self.text += full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self._check_stop(start)
+
+    def _check_stop(self, new_from: int) -> None:
+        if not self.stop_strings:
+            return
+        # A stop string may straddle the old text and the new: search from hold chars back.
+        search_from = max(0, new_from - self.hold)
+        best: tuple[int, str] | None = None
+        for s in self.stop_strings:
+            i = self.text.find(s, search_from)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            i, s = best
+            self.text = self.text[: i + len(s) if self.include_stop else i]
+            self.stopped_on = s
+
+    def flush(self) -> str:
+        """All text not yet released (the request finished)."""
+        out = self.text[self.released :]
+        self.released = len(self.text)
+        return out
+
+    def release(self) -> str:
+        """Text that can no longer become part of a stop string."""
+        if self.stopped_on is not None:
+            return self.flush()
+        end = len(self.text) - self.hold
+        if end <= self.released:
+            return ""
+        out = self.text[self.released : end]
+        self.released = end
+        return out

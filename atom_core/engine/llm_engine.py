@@ -1,0 +1,300 @@
+"""LLMEngine: the engine driven in-process (add_request, step, generate)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from atom_core.config import Config
+from atom_core.engine.block_manager import BlockManager
+from atom_core.engine.detokenizer import IncrementalDetokenizer
+from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.scheduler import Scheduler
+from atom_core.engine.sequence import Sequence
+from atom_core.engine.stats import StatsLogger
+from atom_core.errors import ConfigError, InvalidRequestError
+from atom_core.loader import load_model
+from atom_core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+    "float32": torch.float32, "fp32": torch.float32,
+}
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress, as handed to a stream callback after each step."""
+
+    request_id: str
+    text: str  # new text since the last callback
+    token_ids: list[int]  # new token ids since the last callback
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer | None
+    callback: Callable[[RequestOutput], None] | None
+    sent_tokens: int = 0
+    pieces: list[str] = field(default_factory=list)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+class LLMEngine:
+    """``LLMEngine(model=..., **config_fields)`` or ``LLMEngine(config=Config(...))``."""
+
+    def __init__(self, model: str | None = None, *, config: Config | None = None, **kwargs: Any):
+        if config is None:
+            config = Config.from_kwargs(model=model, **kwargs)
+        elif model is not None or kwargs:
+            raise ConfigError("pass either config= or model/keyword options, not both")
+        self.config = config
+        mc, sc = config.model_config, config.scheduler_config
+        torch.manual_seed(mc.seed)
+        self.device = resolve_device(mc.device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        loaded = load_model(config, self.device, self.dtype)
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.hf_config = loaded.hf_config
+        limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
+        if sc.max_model_len is None:
+            sc.max_model_len = limit
+        elif sc.max_model_len > limit:
+            raise ConfigError(f"--max-model-len {sc.max_model_len} exceeds the model's {limit} positions")
+        self.max_model_len = sc.max_model_len
+        self.eos_token_ids = self._eos_ids(loaded.generation_defaults)
+        self.runner = ModelRunner(config, loaded, self.device, self.dtype)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, config.cache_config.block_size, config.cache_config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(sc, self.block_manager, self.max_model_len)
+        self.stats = StatsLogger(config.observability_config, self.scheduler, self.block_manager)
+        self._requests: dict[str, _Request] = {}
+        self._next_id = 0
+        logger.info(
+            "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
+            "max_model_len=%d prefix_caching=%s attention=%s",
+            loaded.source, type(loaded.model).__name__, self.hf_config.architectures[0]
+            if getattr(self.hf_config, "architectures", None) else "?",
+            self.device, str(self.dtype).removeprefix("torch."), self.runner.num_blocks,
+            config.cache_config.block_size, self.max_model_len,
+            config.cache_config.enable_prefix_caching, self.runner.attention_backend_name,
+        )
+
+    def _eos_ids(self, generation_defaults: dict[str, Any]) -> set[int]:
+        ids: set[int] = set()
+        for value in (generation_defaults.get("eos_token_id"), getattr(self.hf_config, "eos_token_id", None),
+                      getattr(self.tokenizer, "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(v for v in value if isinstance(v, int))
+        return ids
+
+    # --- requests -----------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("this model has no tokenizer; pass token ids", param="prompt")
+            return list(self.tokenizer.encode(prompt))
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise InvalidRequestError("a token-id prompt must be a list of integers", param="prompt")
+        return list(prompt)
+
+    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        params.validate()
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        vocab = self.hf_config.vocab_size
+        if any(t < 0 or t >= vocab for t in token_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt "
+                f"has {len(token_ids)} tokens, which leaves no room to generate",
+                param="messages",
+            )
+
+    def add_request(
+        self,
+        prompt_or_tokens_list: Seq[str | list[int]] | str,
+        sampling_params_list: SamplingParams | Seq[SamplingParams] | None = None,
+        stream_callback: Callable[[RequestOutput], None] | None = None,
+        request_ids: Seq[str] | None = None,
+    ) -> list[str]:
+        """Queue prompts (text or token ids); returns their request ids. All are validated
+        before any is queued, so a bad prompt rejects the call and queues nothing."""
+        prompts = [prompt_or_tokens_list] if isinstance(prompt_or_tokens_list, str) else list(prompt_or_tokens_list)
+        if sampling_params_list is None:
+            sampling_params_list = SamplingParams()
+        params = (
+            [sampling_params_list] * len(prompts)
+            if isinstance(sampling_params_list, SamplingParams)
+            else list(sampling_params_list)
+        )
+        if len(params) != len(prompts):
+            raise InvalidRequestError("one SamplingParams per prompt, or a single one for all")
+        if request_ids is not None and len(request_ids) != len(prompts):
+            raise InvalidRequestError("one request id per prompt")
+        token_lists = [self.tokenize(p) for p in prompts]
+        for ids, sp in zip(token_lists, params):
+            self._validate(ids, sp)
+        out = []
+        for k, (ids, sp) in enumerate(zip(token_lists, params)):
+            rid = request_ids[k] if request_ids is not None else self._new_id()
+            if rid in self._requests:
+                raise InvalidRequestError(f"request id {rid!r} is already in flight")
+            seq = Sequence(ids, sp, request_id=rid)
+            detok = None
+            if self.tokenizer is not None:
+                detok = IncrementalDetokenizer(
+                    self.tokenizer, ids, sp.stop_strings, sp.include_stop_str_in_output
+                )
+            self.scheduler.add(seq)
+            self._requests[rid] = _Request(seq, detok, stream_callback)
+            out.append(rid)
+        return out
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"req-{self._next_id}"
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now; its KV blocks are freed at once."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.abort(request_id)
+        return True
+
+    def is_finished(self) -> bool:
+        return not self.scheduler.has_unfinished()
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def step(self) -> list[Sequence]:
+        """Run one scheduled batch; returns the sequences that finished in it."""
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            if self.scheduler.has_unfinished():
+                self.scheduler.note_idle()
+            return []
+        out = self.runner.execute(batch)
+        self.scheduler.advance(batch)
+        finished: list[Sequence] = []
+        num_prompt = num_gen = 0
+        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens):
+            req = self._requests.get(seq.request_id)
+            if seq.seq_id in out.prompt_logprobs:
+                seq.prompt_logprobs.extend(out.prompt_logprobs[seq.seq_id])
+            token = out.sampled.get(seq.seq_id)
+            if token is None:
+                num_prompt += n
+                continue
+            num_gen += 1
+            num_prompt += n - 1
+            seq.append_token(token)
+            if seq.seq_id in out.logprobs:
+                seq.logprobs.append(out.logprobs[seq.seq_id])
+            reason = self._finish_reason(seq, token, req)
+            if reason is not None:
+                seq.finish_time = time.perf_counter()
+                self.scheduler.finish(seq, reason)
+                finished.append(seq)
+            if req is not None:
+                self._notify(req, reason is not None)
+        for seq in finished:
+            self._requests.pop(seq.request_id, None)
+        self.scheduler.record_step(time.perf_counter() - t0)
+        self.stats.record(num_prompt, num_gen)
+        return finished
+
+    def _finish_reason(self, seq: Sequence, token: int, req: _Request | None) -> str | None:
+        sp = seq.sampling_params
+        if not sp.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if token in sp.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if req is not None and req.detok is not None:
+            req.detok.add_token(token)
+            if req.detok.stopped_on is not None:
+                seq.stop_reason = req.detok.stopped_on
+                return "stop"
+        if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _notify(self, req: _Request, finished: bool) -> None:
+        text = ""
+        if req.detok is not None:
+            text = req.detok.flush() if finished else req.detok.release()
+        req.pieces.append(text)
+        if req.callback is None:
+            return
+        seq = req.seq
+        new_ids = seq.output_token_ids[req.sent_tokens :]
+        req.sent_tokens = seq.num_output_tokens
+        req.callback(
+            RequestOutput(seq.request_id, text, new_ids, finished, seq.finish_reason, seq.stop_reason)
+        )
+
+    def generate(
+        self,
+        prompts: Seq[str | list[int]] | str,
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run prompts to completion; one output dict per prompt, in order."""
+        rids = self.add_request(prompts, sampling_params)
+        reqs = [self._requests[r] for r in rids]
+        while not all(r.seq.is_finished for r in reqs):
+            self.step()
+        return [self._output(r) for r in reqs]
+
+    @staticmethod
+    def _output(req: _Request) -> dict[str, Any]:
+        seq = req.seq
+        end = seq.finish_time or time.perf_counter()
+        first = seq.first_token_time or end
+        n_out = seq.num_output_tokens
+        return {
+            "text": "".join(req.pieces),
+            "token_ids": seq.output_token_ids,
+            "latency": end - seq.arrival_time,
+            "finish_reason": seq.finish_reason,
+            "stop_reason": seq.stop_reason,
+            "num_tokens_input": seq.num_prompt_tokens,
+            "num_tokens_output": n_out,
+            "ttft": first - seq.arrival_time,
+            "tpot": (end - first) / (n_out - 1) if n_out > 1 else 0.0,
+            "logprobs": seq.logprobs if seq.sampling_params.logprobs is not None else None,
+            "prompt_logprobs": seq.prompt_logprobs if seq.sampling_params.prompt_logprobs is not None else None,
+        }

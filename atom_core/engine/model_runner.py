@@ -1,0 +1,204 @@
+"""ModelRunner: owns the model and its KV cache; turns a ScheduledBatch into sampled tokens."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from atom_core.config import Config
+from atom_core.engine.scheduler import ScheduledBatch
+from atom_core.engine.sequence import Logprob, Sequence
+from atom_core.layers.attention.metadata import AttentionMetadata
+from atom_core.layers.context import forward_context
+from atom_core.layers.sampler import Sampler, SamplingBatch, prompt_logprobs
+from atom_core.loader import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+
+@dataclass
+class StepOutput:
+    """What one forward produced, per sequence of the batch that sampled."""
+
+    sampled: dict[int, int]  # seq_id -> token id
+    logprobs: dict[int, Logprob]
+    prompt_logprobs: dict[int, list[Logprob | None]]
+
+
+class ModelRunner:
+    def __init__(self, config: Config, loaded: LoadedModel, device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.model = loaded.model
+        self.hf_config = loaded.hf_config
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.cache_config.block_size
+        self.sampler = Sampler()
+        self.attention_layers = list(self.model.attention_layers())
+        self.num_blocks = self._plan_kv_blocks()
+        self._allocate_kv_cache(self.num_blocks)
+
+    # --- KV cache -----------------------------------------------------------------------
+
+    def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:
+        impl = layer.backend
+        return impl.kv_cache_shape(num_blocks, self.block_size, impl.num_kv_heads, impl.head_dim)
+
+    def _bytes_per_block(self) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        total = 0
+        for layer in self.attention_layers:
+            n = 1
+            for d in self._kv_shape(layer, 1):
+                n *= d
+            total += n * elem
+        return total
+
+    def _plan_kv_blocks(self) -> int:
+        cache = self.config.cache_config
+        if cache.num_gpu_blocks_override is not None:
+            return cache.num_gpu_blocks_override
+        per_block = self._bytes_per_block()
+        sched = self.config.scheduler_config
+        # Never more than every sequence at full length could use.
+        ceiling = sched.max_num_seqs * -(-sched.max_model_len // self.block_size)
+        if self.device.type == "cpu":
+            budget = int(cache.cpu_kv_cache_space_gib * GIB)
+        else:
+            free, total = torch.cuda.mem_get_info(self.device)
+            used_by_others = total - free
+            budget = int(total * cache.gpu_memory_utilization) - used_by_others - self._activation_reserve()
+        blocks = min(ceiling, budget // per_block)
+        if blocks < 1:
+            raise RuntimeError(
+                f"no memory left for the KV cache ({per_block} bytes per block); "
+                "raise --gpu-memory-utilization or --cpu-kv-cache-space, or lower --max-model-len"
+            )
+        return blocks
+
+    def _activation_reserve(self) -> int:
+        """Peak activation memory of the largest step, measured by a profiling forward."""
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        n = min(self.config.scheduler_config.max_num_batched_tokens, self.config.scheduler_config.max_model_len)
+        self._allocate_kv_cache(1)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        meta = self._metadata([0], [n], [[0] * -(-n // self.block_size)], n)
+        meta.slot_mapping.fill_(-1)
+        with torch.inference_mode(), forward_context(meta):
+            hidden = self.model(ids, torch.arange(n, device=self.device))
+            self.model.compute_logits(hidden[-min(n, self.config.scheduler_config.max_num_seqs):])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        torch.cuda.empty_cache()
+        return peak
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
+        for layer in self.attention_layers:
+            layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks), dtype=self.dtype, device=self.device)
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def _metadata(
+        self, starts: list[int], lens: list[int], tables: list[list[int]], total: int
+    ) -> AttentionMetadata:
+        bs = self.block_size
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens = []
+        for start, n, table in zip(starts, lens, tables):
+            for p in range(start, start + n):
+                slots.append(table[p // bs] * bs + p % bs)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+        width = max(len(t) for t in tables)
+        padded = [t + [-1] * (width - len(t)) for t in tables]
+        dev = self.device
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            block_size=bs,
+            max_query_len=max(lens),
+            max_seq_len=max(seq_lens),
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=seq_lens,
+        )
+
+    # --- the step -----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> StepOutput:
+        seqs, counts = batch.seqs, batch.num_scheduled_tokens
+        starts = [s.num_computed_tokens for s in seqs]
+        ids: list[int] = []
+        positions: list[int] = []
+        for s, start, n in zip(seqs, starts, counts):
+            ids.extend(s.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+        meta = self._metadata(starts, counts, [s.block_table for s in seqs], len(ids))
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        with forward_context(meta):
+            hidden = self.model(input_ids, pos)
+
+        out = StepOutput({}, {}, {})
+        ends = meta.query_start_loc_cpu
+        sampling = [i for i, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == s.num_tokens]
+        self._prompt_logprobs(seqs, starts, counts, ends, hidden, out)
+        if not sampling:
+            return out
+        rows = torch.tensor([ends[i + 1] - 1 for i in sampling], device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+        chosen = [seqs[i] for i in sampling]
+        sbatch = SamplingBatch.build(
+            [s.sampling_params for s in chosen],
+            [s.prompt_token_ids for s in chosen],
+            [s.output_token_ids for s in chosen],
+            [self._generator(s) for s in chosen],
+            self.device,
+        )
+        result = self.sampler(logits, sbatch)
+        tokens = result.token_ids.tolist()  # the step's one device-to-host transfer
+        for j, s in enumerate(chosen):
+            out.sampled[s.seq_id] = tokens[j]
+            if result.logprobs[j] is not None:
+                out.logprobs[s.seq_id] = result.logprobs[j]
+        return out
+
+    def _prompt_logprobs(self, seqs, starts, counts, ends, hidden, out: StepOutput) -> None:
+        """Logprobs of prompt tokens computed this step (position p predicts token p + 1).
+
+        Entry j of ``seq.prompt_logprobs`` is prompt token j's (entry 0 is None); a
+        sequence recomputed after preemption skips entries it already has.
+        """
+        for i, (s, start, n) in enumerate(zip(seqs, starts, counts)):
+            k = s.sampling_params.prompt_logprobs
+            have = len(s.prompt_logprobs)
+            if k is None or have >= s.num_prompt_tokens:
+                continue
+            first = max(start, have - 1)
+            stop = min(start + n, s.num_prompt_tokens - 1)
+            entries: list[Logprob | None] = [None] if have == 0 else []
+            if stop > first:
+                h = hidden[ends[i] + first - start : ends[i] + stop - start]
+                logits = self.model.compute_logits(h).float()
+                targets = torch.tensor(s.token_ids[first + 1 : stop + 1], device=self.device)
+                entries.extend(prompt_logprobs(logits, targets, k))
+            out.prompt_logprobs[s.seq_id] = entries
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        seed = seq.sampling_params.seed
+        if seed is None:
+            return None
+        gen = getattr(seq, "generator", None)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+            seq.generator = gen
+        return gen
