@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +128,15 @@ class LLMEngine:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise InvalidRequestError("a token-id prompt must be a list of integers", param="prompt")
         return list(prompt)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
+        """The prompt text for ``messages`` under the model's chat template."""
+        template = self.loaded.chat_template
+        if self.tokenizer is None or template is None:
+            raise InvalidRequestError("this model has no chat template", param="messages")
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         params.validate()

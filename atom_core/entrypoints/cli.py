@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from atom_core import __version__
+from atom_core.entrypoints import generate_cmd
 from atom_core.errors import AtomError
 
 
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list installed plugins and what each registered")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=_cmd_plugins)
+
+    generate_cmd.add_parser(sub)
     return parser
 
 
