@@ -1,0 +1,91 @@
+import random
+
+import pytest
+
+from atom_core.engine.detokenizer import IncrementalDetokenizer
+from tests.tiny_tokenizer import SPECIAL, tiny_tokenizer
+
+TEXTS = [
+    "Hello world! The quick brown fox.",
+    "emoji 🙂🚀 and accents: café, naïve",
+    "中文：你好，世界。混合 text 与 emoji 🎉",
+    "code:\n    return a + b\n",
+]
+
+
+def _stream(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
+    pieces = []
+    for t in ids:
+        detok.add_token(t)
+        pieces.append(detok.release())
+        if detok.stopped_on is not None:
+            break
+    pieces.append(detok.flush())
+    return pieces
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_incremental_equals_full_decode(text):
+    tok = tiny_tokenizer()
+    prompt = tok.encode("Hello there. ")
+    ids = tok.encode(text)
+    pieces = _stream(IncrementalDetokenizer(tok, prompt), ids)
+    assert "".join(pieces) == tok.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_multibyte_characters_span_tokens_in_this_tokenizer():
+    # Guards the test above: the tokenizer must really split a character across tokens.
+    tok = tiny_tokenizer()
+    ids = tok.encode("🙂")
+    assert len(ids) > 1
+    assert all("\ufffd" in tok.decode([i]) or tok.decode([i]) == "" for i in ids)
+
+
+def test_random_token_streams_match_full_decode():
+    tok = tiny_tokenizer()
+    rng = random.Random(0)
+    special = set(tok.convert_tokens_to_ids(SPECIAL))
+    vocab = [i for i in range(len(tok)) if i not in special]
+    for _ in range(50):
+        ids = [rng.choice(vocab) for _ in range(rng.randint(1, 30))]
+        full = tok.decode(ids)
+        if full.endswith("\ufffd"):
+            continue  # an unfinished character at the very end is never released
+        got = "".join(_stream(IncrementalDetokenizer(tok, []), ids))
+        assert got == full
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_split_across_tokens(include):
+    tok = tiny_tokenizer()
+    text = "The quick brown fox jumps over the lazy dog."
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok, [], stop_strings=["fox jumps"], include_stop_str_in_output=include)
+    pieces = _stream(detok, ids)
+    assert detok.stopped_on == "fox jumps"
+    expected = "The quick brown fox jumps" if include else "The quick brown "
+    assert "".join(pieces) == expected
+    if not include:
+        assert not any("fox" in p for p in pieces)
+
+
+def test_released_text_never_holds_a_stop_string_prefix_too_long():
+    tok = tiny_tokenizer()
+    ids = tok.encode("Hello world! How are you today?")
+    detok = IncrementalDetokenizer(tok, [], stop_strings=["XYZW"])
+    released = ""
+    for t in ids:
+        detok.add_token(t)
+        released += detok.release()
+        assert len(detok.text) - len(released) <= 3
+    assert released + detok.flush() == tok.decode(ids)
+    assert detok.stopped_on is None
+
+
+def test_earliest_of_several_stop_strings_wins():
+    tok = tiny_tokenizer()
+    ids = tok.encode("Hello world! How are you today?")
+    detok = IncrementalDetokenizer(tok, [], stop_strings=["today", "How"])
+    assert "".join(_stream(detok, ids)) == "Hello world! "
+    assert detok.stopped_on == "How"

@@ -1,0 +1,94 @@
+import argparse
+
+import pytest
+
+from atom_core.config import Config
+from atom_core.engine.arg_utils import EngineArgs
+from atom_core.errors import ConfigError
+
+
+def parse(*argv: str) -> Config:
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    return EngineArgs.from_cli_args(parser.parse_args(list(argv))).create_config()
+
+
+def test_defaults_follow_the_serving_guide():
+    c = parse()
+    assert c.cache_config.block_size == 16
+    assert c.cache_config.gpu_memory_utilization == 0.9
+    assert c.cache_config.kv_cache_dtype == "bf16"
+    assert c.cache_config.enable_prefix_caching is False
+    assert c.scheduler_config.max_num_batched_tokens == 16384
+    assert c.scheduler_config.max_num_seqs == 512
+    assert c.scheduler_config.max_model_len is None
+    assert c.scheduler_config.scheduler_delay_factor == 0.0
+    assert c.compilation_config.enforce_eager is False
+    assert c.compilation_config.level == 3
+    assert c.compilation_config.cudagraph_capture_sizes[:4] == [1, 2, 4, 8]
+    assert c.compilation_config.cudagraph_capture_sizes[-1] == 256
+    assert c.observability_config.enable_log_stats is True
+    assert c.observability_config.throughput_log_interval == 10.0
+    assert c.observability_config.port == 8006
+    assert c.model_config.load_dummy is None
+    assert c.model_config.seed == 0
+
+
+@pytest.mark.parametrize("flag", ["--kv_cache_dtype", "--kv-cache-dtype"])
+def test_both_spellings_accepted(flag):
+    assert parse(flag, "bf16").cache_config.kv_cache_dtype == "bf16"
+
+
+def test_flags_reach_their_config_part():
+    c = parse(
+        "--model", "/m", "--max-model-len", "128", "--max-num-batched-tokens", "64",
+        "--max-num-seqs", "4", "--block-size", "32", "--enable_prefix_caching", "--enforce-eager",
+        "--seed", "7", "--dtype", "float32", "--scheduler-delay-factor", "0.5",
+        "--no-enable-log-stats", "--throughput-log-interval", "2", "--gpu-memory-utilization", "0.5",
+    )
+    assert c.model_config.model == "/m"
+    assert c.scheduler_config.max_model_len == 128
+    assert c.scheduler_config.max_num_batched_tokens == 64
+    assert c.scheduler_config.max_num_seqs == 4
+    assert c.cache_config.block_size == 32
+    assert c.cache_config.enable_prefix_caching is True
+    assert c.compilation_config.enforce_eager is True
+    assert c.model_config.seed == 7
+    assert c.model_config.dtype == "float32"
+    assert c.scheduler_config.scheduler_delay_factor == 0.5
+    assert c.observability_config.enable_log_stats is False
+    assert c.observability_config.throughput_log_interval == 2.0
+    assert c.cache_config.gpu_memory_utilization == 0.5
+
+
+@pytest.mark.parametrize(
+    "argv, mode",
+    [(["--load_dummy"], "empty"), (["--load_dummy=empty"], "empty"), (["--load_dummy", "zero"], "zero"),
+     (["--load-dummy=xavier"], "xavier"), ([], None)],
+)
+def test_load_dummy_forms(argv, mode):
+    assert parse(*argv).model_config.load_dummy == mode
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--kv_cache_dtype", "fp8"], "fp8 is not supported yet"),
+        (["-tp", "2"], "--tensor-parallel-size > 1 is not supported yet"),
+        (["--data-parallel-size", "2"], "--data-parallel-size > 1"),
+        (["--method", "mtp"], "speculative decoding"),
+        (["--trust-remote-code"], "--trust-remote-code is not supported"),
+        (["--block-size", "12"], "power of two"),
+        (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
+        (["--enable-expert-parallel"], "not supported yet"),
+    ],
+)
+def test_unimplemented_or_invalid_flags_are_refused(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(*argv)
+
+
+def test_flat_kwargs_and_unknown_ones():
+    c = Config.from_kwargs(model="x", max_model_len=99, enable_prefix_caching=True)
+    assert c.scheduler_config.max_model_len == 99 and c.cache_config.enable_prefix_caching
+    with pytest.raises(ConfigError, match="unknown engine option 'max_len'"):
+        Config.from_kwargs(max_len=3)
