@@ -1,0 +1,263 @@
+"""Turn a batch of logits into next tokens: penalties, greedy/temperature, top-k/top-p/min-p.
+
+Everything is batched over rows; the only per-row Python work on the device path is the
+noise draw for rows that carry their own seeded ``torch.Generator``. Sampling is an
+exponential race (``argmax(probs / Exponential(1))``), which draws exactly from ``probs``
+without ``torch.multinomial``'s host sync and lets a seeded row take its noise from its own
+generator - so its draws depend only on its seed and step count, not on the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from atom_core.engine.sequence import Logprob
+from atom_core.sampling_params import SamplingParams
+
+
+def _padded(rows: list[list[int]], device: torch.device | str | None) -> Tensor:
+    """Rows of token ids as one [B, L] tensor, padded with -1 (mapped to a dummy column later)."""
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor(
+        [r + [-1] * (width - len(r)) for r in rows], dtype=torch.long, device=device
+    )
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling state for one step, as device tensors plus host-side flags.
+
+    Greedy rows hold temperature 1 so the vectorised temperature divide stays finite; their
+    token is the argmax of the penalised logits whatever the other fields say.
+    ``prompt_tokens`` holds prompt+output ids for rows with a repetition penalty and
+    ``output_tokens`` output ids for rows with any penalty (both -1 padded); they are only
+    built when ``any_penalty``.
+    """
+
+    temperature: Tensor  # [B] fp32
+    top_p: Tensor  # [B] fp32, 1 = off
+    top_k: Tensor  # [B] long, <= 0 = off
+    min_p: Tensor  # [B] fp32, 0 = off
+    greedy: Tensor  # [B] bool
+    repetition_penalty: Tensor | None  # [B] fp32, only when any_penalty
+    presence_penalty: Tensor | None
+    frequency_penalty: Tensor | None
+    prompt_tokens: Tensor | None  # [B, Lp] long
+    output_tokens: Tensor | None  # [B, Lo] long
+    generators: list[torch.Generator | None]
+    num_logprobs: list[int | None]
+    all_greedy: bool
+    any_seeded: bool
+    any_penalty: bool
+    any_top_p: bool
+    any_top_k: bool
+    any_min_p: bool
+    max_logprobs: int | None  # largest requested logprobs, None when no row asks
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        prompt_token_ids: list[list[int]],
+        output_token_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+        device: torch.device | str | None,
+    ) -> SamplingBatch:
+        """``generators[i]`` is request i's own generator (made once from its seed, on the
+        logits' device) or None; the engine passes the same object every step."""
+
+        def floats(values: list[float]) -> Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        greedy = [p.greedy for p in params]
+        rep = [p.repetition_penalty for p in params]
+        pres = [p.presence_penalty for p in params]
+        freq = [p.frequency_penalty for p in params]
+        penalised = [
+            r != 1.0 or a != 0.0 or b != 0.0 for r, a, b in zip(rep, pres, freq, strict=True)
+        ]
+        any_penalty = any(penalised)
+        num_logprobs = [p.logprobs for p in params]
+        asked = [n for n in num_logprobs if n is not None]
+        # Greedy rows never sample, so their filters and seeds are irrelevant: ignore them
+        # for the flags so an all-greedy batch takes the argmax-only path.
+        sampled = [p for p, g in zip(params, greedy, strict=True) if not g]
+        batch = cls(
+            temperature=floats(
+                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
+            ),
+            top_p=floats([p.top_p for p in params]),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            min_p=floats([p.min_p for p in params]),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            repetition_penalty=None,
+            presence_penalty=None,
+            frequency_penalty=None,
+            prompt_tokens=None,
+            output_tokens=None,
+            generators=list(generators),
+            num_logprobs=num_logprobs,
+            all_greedy=all(greedy),
+            any_seeded=any(
+                g is not None for g, gr in zip(generators, greedy, strict=True) if not gr
+            ),
+            any_penalty=any_penalty,
+            any_top_p=any(p.top_p < 1.0 for p in sampled),
+            any_top_k=any(p.top_k > 0 for p in sampled),
+            any_min_p=any(p.min_p > 0.0 for p in sampled),
+            max_logprobs=max(asked) if asked else None,
+        )
+        if any_penalty:
+            batch.repetition_penalty = floats(rep)
+            batch.presence_penalty = floats(pres)
+            batch.frequency_penalty = floats(freq)
+            # Unpenalised rows contribute no ids, keeping the padded tensors small.
+            batch.prompt_tokens = _padded(
+                [
+                    list(pr) + list(out) if r != 1.0 else []
+                    for pr, out, r in zip(prompt_token_ids, output_token_ids, rep, strict=True)
+                ],
+                device,
+            )
+            batch.output_tokens = _padded(
+                [
+                    list(out) if pen else []
+                    for out, pen in zip(output_token_ids, penalised, strict=True)
+                ],
+                device,
+            )
+        return batch
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: Tensor  # [B] long
+    logprobs: list[Logprob | None]  # per row; None where the row did not ask
+
+
+def _scatter_index(tokens: Tensor, vocab_size: int) -> Tensor:
+    # Padding (-1) goes to an extra column V that is dropped after the scatter.
+    return torch.where(tokens < 0, vocab_size, tokens)
+
+
+def apply_penalties(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    """Repetition (HF: over prompt+output, logit>0 -> /p else *p), then presence and
+    frequency (OpenAI: over output, logit -= presence*[count>0] + frequency*count)."""
+    if not batch.any_penalty:
+        return logits
+    assert batch.prompt_tokens is not None and batch.output_tokens is not None
+    rows, vocab = logits.shape
+    seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=logits.device)
+    seen.scatter_(1, _scatter_index(batch.prompt_tokens, vocab), True)
+    seen = seen[:, :vocab]
+    rep = batch.repetition_penalty[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    out = _scatter_index(batch.output_tokens, vocab)
+    counts = torch.zeros(rows, vocab + 1, dtype=logits.dtype, device=logits.device)
+    counts.scatter_add_(1, out, torch.ones_like(out, dtype=logits.dtype))
+    counts = counts[:, :vocab]
+    return (
+        logits
+        - batch.frequency_penalty[:, None] * counts
+        - batch.presence_penalty[:, None] * (counts > 0)
+    )
+
+
+def apply_top_k_top_p(logits: Tensor, top_k: Tensor | None, top_p: Tensor | None) -> Tensor:
+    """Mask (to -inf) all but each row's top-k tokens, then all but the smallest set whose
+    renormalised cumulative probability reaches top_p. Sorting is stable, so among equal
+    logits the lower token id ranks first (top_k=1 matches argmax)."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab)[:, None]
+        pos = torch.arange(vocab, device=logits.device)
+        sorted_logits = sorted_logits.masked_fill(pos >= k, float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of strictly higher-ranked tokens
+        # Rows with top_p = 1 skip the test: fp32 cumsum can round past 1 and drop the tail.
+        drop = (before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _gather_logprobs(
+    logprobs: Tensor, token_ids: Tensor, nums: list[int | None]
+) -> list[Logprob | None]:
+    """Per row: the token's logprob, its rank (1 + tokens strictly more likely), top-n."""
+    token_lp = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs > token_lp).sum(dim=-1) + 1
+    top_n = max((n for n in nums if n is not None), default=0)
+    top_lp, top_ids = logprobs.topk(top_n, dim=-1)
+    # One device->host copy per tensor, then plain Python.
+    ids, lps, rks = token_ids.tolist(), token_lp[:, 0].tolist(), ranks.tolist()
+    tids, tlps = top_ids.tolist(), top_lp.tolist()
+    return [
+        None
+        if n is None
+        else Logprob(ids[i], lps[i], rks[i], list(zip(tids[i][:n], tlps[i][:n], strict=True)))
+        for i, n in enumerate(nums)
+    ]
+
+
+def prompt_logprobs(logits: Tensor, target_ids: Tensor, n: int) -> list[Logprob]:
+    """Logprobs of ``target_ids[i]`` under ``logits[i]`` (raw model output), with top-n.
+
+    The caller aligns: logits at prompt position i predict token i+1, so pass
+    ``logits[:-1]`` with ``prompt[1:]``.
+    """
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return _gather_logprobs(logprobs, target_ids.long(), [n] * logits.shape[0])  # type: ignore[return-value]
+
+
+class Sampler(nn.Module):
+    """Logits [B, V] fp32 -> one token per row, plus logprobs for rows that ask.
+
+    Logprobs are the log_softmax of the raw model output - before penalties, temperature
+    and top-k/top-p/min-p - matching vLLM v1's default: they describe what the model
+    predicted, not the (request-dependent) distribution the token was drawn from.
+    """
+
+    def forward(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
+        logits = apply_penalties(logits, batch)
+        greedy_ids = logits.argmax(dim=-1)
+        token_ids = (
+            greedy_ids
+            if batch.all_greedy
+            else torch.where(batch.greedy, greedy_ids, self._sample(logits, batch))
+        )
+        logprobs: list[Logprob | None] = [None] * logits.shape[0]
+        if raw_logprobs is not None:
+            logprobs = _gather_logprobs(raw_logprobs, token_ids, batch.num_logprobs)
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+
+    @staticmethod
+    def _sample(logits: Tensor, batch: SamplingBatch) -> Tensor:
+        logits = logits / batch.temperature[:, None]
+        if batch.any_top_k or batch.any_top_p:
+            logits = apply_top_k_top_p(
+                logits,
+                batch.top_k if batch.any_top_k else None,
+                batch.top_p if batch.any_top_p else None,
+            )
+        probs = logits.softmax(dim=-1)
+        if batch.any_min_p:
+            # The max token always survives (min_p <= 1); no renormalising needed because
+            # the race below is invariant to scaling a row.
+            threshold = batch.min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        noise = torch.empty_like(probs).exponential_()  # one shared draw for unseeded rows
+        if batch.any_seeded:
+            for i, gen in enumerate(batch.generators):
+                if gen is not None:
+                    noise[i] = torch.empty(probs.shape[1], device=probs.device).exponential_(
+                        generator=gen
+                    )
+        # An exact 0 draw would give 0/0 = nan for masked tokens; clamp it away.
+        return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
