@@ -91,6 +91,12 @@ class LLMEngine:
         self.max_model_len = sc.max_model_len
         self.eos_token_ids = self._eos_ids(loaded.generation_defaults)
         self.runner = ModelRunner(config, loaded, self.device, self.dtype)
+        capacity = self.runner.num_blocks * config.cache_config.block_size
+        if capacity < self.max_model_len:
+            raise ConfigError(
+                f"the KV cache holds {capacity} tokens, fewer than --max-model-len {self.max_model_len}: "
+                "one long request could never finish. Lower --max-model-len or give the cache more memory"
+            )
         self.block_manager = BlockManager(
             self.runner.num_blocks, config.cache_config.block_size, config.cache_config.enable_prefix_caching
         )

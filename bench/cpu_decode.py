@@ -1,0 +1,136 @@
+"""CPU decode throughput: ATOM vs Hugging Face transformers on the embedded SmolLM2 GGUF.
+
+Prints a table (engine, peer and the memory-bandwidth limit side by side) and writes JSON:
+
+    python bench/cpu_decode.py [--batch-sizes 1 8] [--output-len 64] [--json bench/results/cpu_decode.json]
+
+Decode rate = generated tokens after the first / time after the first token. Both engines
+run greedy, fp32, same prompts, same process, same threads. The limit is the bytes of
+weights read per decode step over this machine's copy bandwidth, measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain the difference between a process and a thread.",
+    "What are the health benefits of drinking green tea?",
+    "Describe how a bill becomes a law in the United States.",
+    "Give me three ideas for a weekend project with a Raspberry Pi.",
+    "Summarize the plot of Romeo and Juliet in a paragraph.",
+    "How does public-key cryptography work?",
+    "List some tips for writing clean Python code.",
+]
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 29, repeats: int = 5) -> float:
+    """Read + write bytes per second of a large tensor copy (the decode roofline's ceiling)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
+def bench_atom(prompts: list[str], output_len: int) -> tuple[dict, float]:
+    from atom_core.engine.llm_engine import LLMEngine
+    from atom_core.sampling_params import SamplingParams
+
+    engine = LLMEngine(enable_log_stats=False, max_model_len=2048)
+    texts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    engine.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    results = {}
+    for bs in ARGS.batch_sizes:
+        batch = (texts * bs)[:bs]
+        t0 = time.perf_counter()
+        outs = engine.generate(batch, params)
+        total = time.perf_counter() - t0
+        ttft = max(o["ttft"] for o in outs)
+        n = sum(o["num_tokens_output"] for o in outs)
+        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total, "ttft_s": ttft}
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.loaded.model.parameters())
+    return results, weight_bytes
+
+
+def bench_hf(prompts: list[str], output_len: int) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from atom_core.loader import embedded_default_model
+
+    path = Path(embedded_default_model())
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             for p in prompts]
+    results = {}
+    for bs in ARGS.batch_sizes:
+        enc = tok((texts * bs)[:bs], return_tensors="pt", padding=True, add_special_tokens=False)
+        kw = dict(do_sample=False, pad_token_id=tok.pad_token_id)
+        with torch.inference_mode():
+            model.generate(**enc, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
+            t0 = time.perf_counter()
+            model.generate(**enc, max_new_tokens=1, min_new_tokens=1, **kw)
+            ttft = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            model.generate(**enc, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
+            total = time.perf_counter() - t0
+        n = bs * output_len
+        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total, "ttft_s": ttft}
+    return results
+
+
+def main() -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    atom, weight_bytes = bench_atom(PROMPTS, ARGS.output_len)
+    hf = bench_hf(PROMPTS, ARGS.output_len)
+    bw = copy_bandwidth_gbs()
+    limit = bw * 1e9 / weight_bytes  # decode steps/s if each step only streams the weights once
+
+    print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1 -> fp32), {os.cpu_count()} CPU threads, "
+          f"{ARGS.output_len} output tokens, greedy")
+    print(f"weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bw:.1f} GB/s\n")
+    header = f"{'batch':>5} | {'ATOM tok/s':>10} | {'HF tok/s':>9} | {'ATOM/HF':>7} | {'limit tok/s':>11} | {'ATOM TTFT ms':>12} | {'HF TTFT ms':>10}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for bs in ARGS.batch_sizes:
+        a, h = atom[bs], hf[bs]
+        row = {
+            "batch": bs, "atom_decode_tok_s": a["decode_tok_s"], "hf_decode_tok_s": h["decode_tok_s"],
+            "ratio": a["decode_tok_s"] / h["decode_tok_s"], "limit_tok_s": limit * bs,
+            "atom_ttft_ms": a["ttft_s"] * 1e3, "hf_ttft_ms": h["ttft_s"] * 1e3,
+        }
+        rows.append(row)
+        print(f"{bs:>5} | {row['atom_decode_tok_s']:>10.1f} | {row['hf_decode_tok_s']:>9.1f} | "
+              f"{row['ratio']:>6.2f}x | {row['limit_tok_s']:>11.1f} | {row['atom_ttft_ms']:>12.0f} | {row['hf_ttft_ms']:>10.0f}")
+    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "torch": torch.__version__,
+           "output_len": ARGS.output_len, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bw, "rows": rows}
+    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(ARGS.json).write_text(json.dumps(out, indent=2))
+    print(f"\nwrote {ARGS.json}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--json", default="bench/results/cpu_decode.json")
+    ARGS = parser.parse_args()
+    main()
