@@ -150,6 +150,31 @@ def test_lru_eviction_keeps_most_recently_freed_hittable():
     assert_consistent(bm, [d, e])
 
 
+def test_uncached_free_blocks_are_reused_before_cached_ones():
+    bm = BlockManager(3, BS, enable_prefix_caching=True)
+    a, b = make_seq(list(range(8))), make_seq([50, 51])
+    compute(bm, a)
+    compute(bm, b)  # b's only block is partial: never hittable
+    bm.free(a)
+    bm.free(b)  # freed last, yet reused first
+    assert bm.allocate(make_seq([60]), 1)
+    assert bm.prefix_hit_tokens(make_seq(list(range(8)) + [0])) == 8
+
+
+def test_reused_block_loses_its_old_hash():
+    bm = BlockManager(3, BS, enable_prefix_caching=True)
+    a = make_seq([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    compute(bm, a)
+    a_table = list(a.block_table)
+    bm.free(a)  # eviction order: a's partial block, then [5..8], then [1..4]
+    b = make_seq([9, 9, 9, 9, 5, 6, 7, 8])
+    compute(bm, b)  # reuses the [5..8] block for the same tokens after another prefix
+    assert b.block_table == [a_table[2], a_table[1]]
+    # [1..4] is still cached, but its old successor now holds KV for prefix [9,9,9,9].
+    assert bm.prefix_hit_tokens(make_seq([1, 2, 3, 4, 5, 6, 7, 8, 0])) == 4
+    assert bm.prefix_hit_tokens(make_seq([9, 9, 9, 9, 5, 6, 7, 8, 0])) == 8
+
+
 def test_hit_on_free_cached_block_takes_it_out_of_the_free_pool():
     bm = BlockManager(4, BS, enable_prefix_caching=True)
     a = make_seq(list(range(8)))

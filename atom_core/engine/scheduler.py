@@ -1,0 +1,209 @@
+"""Continuous batching: which sequences compute how many tokens in the next step.
+
+Steps are unified (vLLM v1 style): a step is a list of (sequence, tokens to compute), where a
+decode is 1 token and a prefill chunk is many, so one step can mix running decodes with a
+new prompt's chunk. Preemption is by recompute: a preempted sequence drops its KV and later
+prefills all its tokens (prompt and generated so far) again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from atom_core.config import SchedulerConfig
+from atom_core.engine.block_manager import BlockManager
+from atom_core.engine.sequence import Sequence, SequenceStatus
+from atom_core.errors import InvalidRequestError
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work. ``sample_mask[i]``: seqs[i] reaches its last token this step, so the
+    engine samples its next token (fixed at schedule time, before ``advance``)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    num_preempted: int = 0
+    sample_mask: list[bool] = field(default_factory=list)
+    scheduled_at: float = 0.0
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_scheduled_tokens.append(num_tokens)
+        self.sample_mask.append(seq.num_computed_tokens + num_tokens == seq.num_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    """FCFS continuous batching under a token budget, with chunked prefill and preemption.
+
+    ``running`` is kept in arrival order: preempted sequences go back to the front of
+    ``waiting`` and are re-admitted before anything newer, so the most recently arrived
+    running sequence is always the last one, and that is the one preempted.
+    """
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        block_manager: BlockManager,
+        max_model_len: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.delay_factor = scheduler_config.scheduler_delay_factor
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._requests: dict[str, Sequence] = {}  # unfinished, by request id
+        self._arrival: dict[str, float] = {}  # clock() at add, for scheduler_delay_factor
+        self._last_step_latency = 0.0
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue seq (FCFS). Refuses a request whose KV could never fit in the whole pool:
+        it would otherwise preempt itself forever."""
+        if seq.request_id in self._requests:
+            raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+        bm = self.block_manager
+        # Longest the sequence can grow; sized conservatively (the last sampled token's KV
+        # is never written) so that one sequence alone can always finish.
+        max_len = min(seq.num_prompt_tokens + seq.sampling_params.max_tokens, self.max_model_len)
+        max_len = max(max_len, seq.num_tokens)
+        needed = (max_len + bm.block_size - 1) // bm.block_size
+        if needed > bm.num_blocks:
+            raise InvalidRequestError(
+                f"request needs up to {max_len} tokens of KV cache ({needed} blocks) but the cache "
+                f"holds only {bm.num_blocks * bm.block_size} tokens ({bm.num_blocks} blocks); "
+                "shorten the prompt or max_tokens"
+            )
+        seq.status = SequenceStatus.WAITING
+        self._requests[seq.request_id] = seq
+        self._arrival[seq.request_id] = self.clock()
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a waiting or running request with reason "abort"; False if unknown/finished."""
+        seq = self._requests.get(request_id)
+        if seq is None:
+            return False
+        self.finish(seq, "abort")
+        return True
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark seq finished and release its blocks at once."""
+        if seq.is_finished:
+            return
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        del self._requests[seq.request_id]
+        del self._arrival[seq.request_id]
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        if seq.finish_time is None:
+            seq.finish_time = time.perf_counter()
+        self.block_manager.free(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ---- scheduling ----------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        """Pick the next step: running sequences first (FCFS), then new admissions."""
+        batch = ScheduledBatch(scheduled_at=self.clock())
+        budget = self.max_num_batched_tokens
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if n <= 0:  # nothing to compute (the engine has not appended yet): skip
+                i += 1
+                continue
+            if not self._allocate_or_preempt(seq, n, batch):
+                break  # seq preempted itself: it was the last running sequence
+            batch.add(seq, n)
+            budget -= n
+            i += 1
+
+        # Admitting while preempting would just thrash; the preempted go first next step.
+        if batch.num_preempted == 0 and self._admission_allowed(batch.scheduled_at):
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                seq = self.waiting[0]
+                # Prompt logprobs need the whole prompt computed, so no cache hits for them.
+                use_cache = seq.sampling_params.prompt_logprobs is None
+                hits = self.block_manager.prefix_hit_tokens(seq, use_cache)
+                n = min(seq.num_tokens - hits, budget)
+                if not self.block_manager.allocate(seq, n, use_cache):
+                    break  # FCFS: nothing overtakes a sequence that does not fit
+                assert seq.num_computed_tokens == hits
+                self.waiting.popleft()
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                batch.add(seq, n)
+                budget -= n
+        return batch
+
+    def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Allocate for running seq, preempting the most recent running sequences until it
+        fits. Victims come from the tail, which is never already scheduled this step.
+        False when seq itself had to go."""
+        while not self.block_manager.allocate(seq, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            batch.num_preempted += 1
+            if victim is seq:
+                return False
+        return True
+
+    def _admission_allowed(self, now: float) -> bool:
+        """scheduler_delay_factor, as vLLM: admit prompts only once the oldest waiting one has
+        waited delay * (last step's latency), so that arrivals batch up into one prefill.
+        Never wait with nothing running. The oldest waiting is the front: waiting is in
+        arrival order (the preempted, at the front, arrived earliest)."""
+        if self.delay_factor <= 0 or not self.running or not self.waiting:
+            return True
+        waited = now - self._arrival[self.waiting[0].request_id]
+        return waited >= self.delay_factor * self._last_step_latency
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: drop seq's KV; it prefills all its tokens again later.
+        Its generated tokens stay (num_prompt_tokens unchanged), so nothing is lost."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """Record that the model computed the batch: progress, newly full blocks, latency."""
+        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
+            if seq.is_finished:  # aborted while the step ran
+                continue
+            seq.num_computed_tokens += n
+            self.block_manager.commit_full_blocks(seq)
+        self._last_step_latency = self.clock() - batch.scheduled_at
