@@ -1,0 +1,134 @@
+"""The torch attention backend: correct on every device, and the CPU serving path.
+
+Decodes (one query token) are batched: one padded gather of their blocks and one SDPA call
+for all of them, whatever else the batch holds. Prefill chunks run one SDPA call per
+sequence, over the new tokens alone when nothing is cached, else over the cached blocks.
+Everything is torch SDPA (fp32 accumulation on CPU); grouped-query heads are never copied.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atom_core.layers.attention.backend import AttentionBackend
+from atom_core.layers.attention.metadata import AttentionMetadata
+
+
+class NativeAttentionBackend(AttentionBackend):
+    """MHA/GQA over a ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` cache.
+
+    Every entry of ``slot_mapping`` must be a valid slot: a runner that pads a batch
+    points the padding tokens at a scratch slot rather than at -1.
+    """
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        self.write_cache(k, v, kv_cache, meta.slot_mapping)
+
+        if meta.is_decode_only:
+            out = self._decode(q, kv_cache, meta.block_tables, meta.seq_lens, meta.max_seq_len)
+            return out.reshape(num_tokens, -1)
+
+        starts, seq_lens = meta.query_start_loc_cpu, meta.seq_lens_cpu
+        out = torch.empty_like(q)
+        decodes = [i for i in range(meta.num_seqs) if starts[i + 1] - starts[i] == 1]
+        if decodes:
+            seqs = torch.tensor(decodes, device=q.device)
+            rows = torch.tensor([starts[i] for i in decodes], device=q.device)
+            out[rows] = self._decode(
+                q[rows], kv_cache, meta.block_tables[seqs], meta.seq_lens[seqs],
+                max(seq_lens[i] for i in decodes),
+            )
+        for i in range(meta.num_seqs):
+            start, end = starts[i], starts[i + 1]
+            if end - start > 1:
+                out[start:end] = self._prefill(
+                    q[start:end], k[start:end], v[start:end], kv_cache, meta.block_tables[i],
+                    seq_lens[i],
+                )
+        return out.reshape(num_tokens, -1)
+
+    @staticmethod
+    def write_cache(
+        k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Store the new tokens' K/V at their slots, in place (the cache is never reallocated)."""
+        _, _, _, num_kv_heads, head_dim = kv_cache.shape
+        flat = kv_cache.view(2, -1, num_kv_heads, head_dim)
+        flat[0].index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+        flat[1].index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+
+    @staticmethod
+    def _gather(
+        kv_cache: torch.Tensor, block_table: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the first ``length`` context tokens, [..., length, kv_heads, head_dim]."""
+        block_size = kv_cache.shape[2]
+        num_blocks = -(-length // block_size)
+        # Padding (-1) only occurs past a sequence's blocks; clamped, it is masked off below.
+        blocks = block_table[..., :num_blocks].clamp(min=0).long()
+        k, v = kv_cache[0][blocks], kv_cache[1][blocks]  # [..., nb, bs, kvh, d]
+        shape = (*blocks.shape[:-1], num_blocks * block_size, *kv_cache.shape[3:])
+        return k.reshape(shape)[..., :length, :, :], v.reshape(shape)[..., :length, :, :]
+
+    def _decode(
+        self,
+        q: torch.Tensor,  # [S, H, D], one query per sequence
+        kv_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # [S, max_blocks]
+        seq_lens: torch.Tensor,  # [S]
+        max_len: int,
+    ) -> torch.Tensor:
+        num_seqs = q.shape[0]
+        group = self.num_heads // self.num_kv_heads
+        k, v = self._gather(kv_cache, block_tables, max_len)  # [S, L, kvh, D]
+        # A sequence's query heads sharing one kv head become that head's "query rows".
+        qg = q.view(num_seqs, self.num_kv_heads, group, self.head_dim)
+        mask = torch.arange(max_len, device=q.device) < seq_lens.to(q.device)[:, None]
+        out = F.scaled_dot_product_attention(
+            qg,
+            k.transpose(1, 2).to(q.dtype),
+            v.transpose(1, 2).to(q.dtype),
+            attn_mask=mask[:, None, None, :],
+            scale=self.scale,
+        )
+        return out.reshape(num_seqs, self.num_heads, self.head_dim)
+
+    def _prefill(
+        self,
+        q: torch.Tensor,  # [Lq, H, D]: the last Lq of this sequence's `length` tokens
+        k: torch.Tensor,  # [Lq, kvh, D]
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,  # [max_blocks]
+        length: int,
+    ) -> torch.Tensor:
+        query_len = q.shape[0]
+        if query_len == length:
+            mask, causal = None, True
+        else:  # a cached prefix: query row r sees keys up to length - query_len + r
+            k, v = self._gather(kv_cache, block_table, length)
+            mask = torch.ones(query_len, length, dtype=torch.bool, device=q.device)
+            mask = mask.tril(diagonal=length - query_len)
+            causal = False
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            v.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out[0].transpose(0, 1)

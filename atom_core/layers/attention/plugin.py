@@ -1,0 +1,13 @@
+"""Registers the native torch attention backend: lowest priority, every device."""
+
+from __future__ import annotations
+
+from atom_core.hookspecs import hookimpl
+from atom_core.layers.attention.native import NativeAttentionBackend
+
+
+@hookimpl
+def register_attention_backends(register):
+    register(
+        "native", NativeAttentionBackend, device_kinds=("cpu", "cuda", "hip"), kind="mha", priority=0
+    )

@@ -1,0 +1,77 @@
+"""Token embedding and the LM head, with the vocabulary split across tensor-parallel ranks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atom_core.layers.linear import default_weight_loader, tp_rank_and_size
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a contiguous range of vocabulary rows.
+
+    With TP > 1, ids outside this rank's range embed to zero and an all-reduce sums the
+    ranks; with TP = 1 this is a plain embedding lookup.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank_and_size()
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        # Pad so every rank gets the same number of rows.
+        self.num_embeddings_per_rank = -(-num_embeddings // self.tp_size)
+        self.vocab_start = self.tp_rank * self.num_embeddings_per_rank
+        self.weight = nn.Parameter(
+            torch.empty(self.num_embeddings_per_rank, embedding_dim), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        rows = min(self.num_embeddings_per_rank, loaded_weight.shape[0] - self.vocab_start)
+        if self.tp_size == 1 and rows == param.shape[0]:
+            return default_weight_loader(param, loaded_weight)
+        param.data.narrow(0, rows, param.shape[0] - rows).zero_()
+        default_weight_loader(
+            param.data.narrow(0, 0, rows), loaded_weight.narrow(0, self.vocab_start, rows)
+        )
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        mask = (local >= 0) & (local < self.num_embeddings_per_rank)
+        out = F.embedding(local.clamp(0, self.num_embeddings_per_rank - 1), self.weight)
+        return out * mask.unsqueeze(-1).to(out.dtype)  # all-reduce goes here once TP lands
+
+    def extra_repr(self) -> str:
+        return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Hidden states -> fp32 logits over the vocabulary.
+
+    ``tie_to(embedding)`` shares the embedding's weight (``tie_word_embeddings``), so the
+    checkpoint's ``lm_head.weight``, if present at all, is redundant.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.num_embeddings_per_rank), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+        self.tied = False
+
+    def tie_to(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+        self.tied = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # With TP > 1 the ranks' vocabulary slices are gathered here, padded rows cut off.
+        return F.linear(hidden_states, self.weight, self.bias).float()

@@ -1,0 +1,170 @@
+"""Linear layers that know how tensor parallelism splits them.
+
+Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that copies
+a Hugging Face checkpoint tensor into this rank's slice; fused layers (qkv, gate_up) take
+``shard_id`` to say which of their parts the tensor is. Tensor parallelism is 1 for now
+(``tp_rank_and_size``), but the slicing is written for any size so the layers stay the same
+when the distributed groups land.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def tp_rank_and_size() -> tuple[int, int]:
+    """This process's tensor-parallel rank and the group size (no TP yet: always (0, 1))."""
+    return 0, 1
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    """Copy a whole tensor into ``param`` (same shape; dtype and device converted)."""
+    if param.shape != loaded_weight.shape:
+        raise ValueError(
+            f"checkpoint tensor of shape {tuple(loaded_weight.shape)} does not fit "
+            f"parameter of shape {tuple(param.shape)}"
+        )
+    param.data.copy_(loaded_weight)
+
+
+def _divide(numerator: int, denominator: int) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{numerator} is not divisible by tensor parallel size {denominator}")
+    return numerator // denominator
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with W of shape [output_size, input_size] on this rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank_and_size()
+        self.tp_dim = tp_dim  # the weight dimension split across ranks (None: replicated)
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        # Biases split along dim 0 like the output rows; a row-parallel bias is replicated.
+        dim = self.tp_dim if self.tp_dim is not None and self.tp_dim < param.dim() else None
+        if dim is not None and self.tp_size > 1:
+            size = param.shape[dim]
+            loaded_weight = loaded_weight.narrow(dim, self.tp_rank * size, size)
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class ReplicatedLinear(LinearBase):
+    """The full weight on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size, bias, tp_dim=None)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; each rank returns its slice of y."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        _, tp_size = tp_rank_and_size()
+        super().__init__(input_size, _divide(output_size, tp_size), bias, tp_dim=0)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; partial sums are reduced (all-reduce once TP lands)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        _, tp_size = tp_rank_and_size()
+        super().__init__(_divide(input_size, tp_size), output_size, bias, tp_dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
+        return F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one GEMM (gate_up): shard_id is the part's index."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if shard_id is None:  # an already-fused checkpoint tensor
+            return super().weight_loader(param, loaded_weight)
+        shard_id = int(shard_id)
+        sizes = [s // self.tp_size for s in self.output_sizes]
+        offset = sum(sizes[:shard_id])
+        target = param.data.narrow(0, offset, sizes[shard_id])
+        loaded_weight = loaded_weight.narrow(0, self.tp_rank * sizes[shard_id], sizes[shard_id])
+        default_weight_loader(target, loaded_weight)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one GEMM; output is [q | k | v] with this rank's heads.
+
+    K/V heads are replicated when there are fewer of them than ranks.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        _, tp_size = tp_rank_and_size()
+        self.head_size = head_size
+        self.num_heads = _divide(total_num_heads, tp_size)
+        if tp_size >= total_num_kv_heads:
+            self.num_kv_heads = 1
+            self.num_kv_head_replicas = _divide(tp_size, total_num_kv_heads)
+        else:
+            self.num_kv_heads = _divide(total_num_kv_heads, tp_size)
+            self.num_kv_head_replicas = 1
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
+        super().__init__(hidden_size, output_size, bias)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_size
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_size
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if shard_id is None:
+            return super().weight_loader(param, loaded_weight)
+        if shard_id == "q":
+            offset, size, rank = 0, self.q_size, self.tp_rank
+        elif shard_id == "k":
+            offset, size = self.q_size, self.kv_size
+            rank = self.tp_rank // self.num_kv_head_replicas
+        elif shard_id == "v":
+            offset, size = self.q_size + self.kv_size, self.kv_size
+            rank = self.tp_rank // self.num_kv_head_replicas
+        else:
+            raise ValueError(f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+        target = param.data.narrow(0, offset, size)
+        default_weight_loader(target, loaded_weight.narrow(0, rank * size, size))

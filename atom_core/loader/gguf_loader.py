@@ -1,0 +1,106 @@
+"""A llama-architecture .gguf file: config and tokenizer through transformers' GGUF support,
+weights dequantized with the ``gguf`` package and renamed to Hugging Face names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+
+from atom_core.errors import ConfigError
+
+# GGUF model architecture -> the HF architecture transformers' config lacks for GGUF files.
+ARCHITECTURES = {"llama": "LlamaForCausalLM"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Llama 3.1 frequency factors; the config's rope_scaling describes the same scaling.
+_IGNORED = {"rope_freqs.weight"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor; None for tensors the model does not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name in _IGNORED:
+        return None
+    m = _BLOCK.fullmatch(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise ConfigError(f"unexpected tensor {gguf_name!r} in a llama GGUF file")
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def reverse_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's rope permutation of q/k rows (its convert script interleaves each
+    head's two rotary halves); the same as transformers' ``_reverse_permute_weights``."""
+    half = weight.shape[0] // num_heads // 2
+    w = weight.reshape(num_heads, half, 2, *weight.shape[1:])
+    return w.transpose(1, 2).reshape(weight.shape)
+
+
+class GGUFFile:
+    """One .gguf file; its header is parsed once, tensors are memory-mapped."""
+
+    def __init__(self, path: Path) -> None:
+        from gguf import GGUFReader
+
+        self.path = path
+        self.reader = GGUFReader(str(path))
+
+    def metadata(self, key: str) -> Any:
+        field = self.reader.fields.get(key)
+        return None if field is None else field.contents()
+
+    def load_config(self) -> PretrainedConfig:
+        arch = self.metadata("general.architecture")
+        if arch not in ARCHITECTURES:
+            raise ConfigError(
+                f"{self.path}: GGUF architecture {arch!r} is not supported; "
+                f"supported: {sorted(ARCHITECTURES)}"
+            )
+        config = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        if not getattr(config, "architectures", None):
+            config.architectures = [ARCHITECTURES[arch]]
+        return config
+
+    def iter_weights(self, hf_config: PretrainedConfig) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, fp32 tensor) for every tensor, dequantized one at a time."""
+        from gguf import dequantize
+
+        num_heads = hf_config.num_attention_heads
+        num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+        for tensor in self.reader.tensors:
+            name = hf_name(tensor.name)
+            if name is None:
+                continue
+            weight = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).float()
+            if ".q_proj." in name:
+                weight = reverse_permute(weight, num_heads)
+            elif ".k_proj." in name:
+                weight = reverse_permute(weight, num_kv_heads)
+            yield name, weight
+
+    def load_tokenizer(self) -> Any:
+        return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+
+    def chat_template(self) -> str | None:
+        return self.metadata("tokenizer.chat_template")

@@ -1,0 +1,1 @@
+"""Llama-family models (LlamaForCausalLM) for ATOM."""

@@ -1,0 +1,1 @@
+"""Qwen3 models (Qwen3ForCausalLM) for ATOM."""

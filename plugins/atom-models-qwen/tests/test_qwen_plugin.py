@@ -1,0 +1,11 @@
+from atom_core.plugins import build_plugin_state
+
+
+def test_plugin_registers_qwen3():
+    state = build_plugin_state()
+    report = next(r for r in state.reports if r.name == "atom-models-qwen")
+    assert report.declined is None
+    assert report.registered["register_model_architectures"] == ["Qwen3ForCausalLM"]
+    from atom_models_qwen.model import Qwen3ForCausalLM
+
+    assert state.registries.architectures.get("Qwen3ForCausalLM") is Qwen3ForCausalLM

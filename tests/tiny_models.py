@@ -1,0 +1,130 @@
+"""Tiny random checkpoints saved with transformers, built once per test process.
+
+``tiny_model_dir(kind)`` returns a Hugging Face directory (config.json, model.safetensors,
+generation_config.json and a byte-level tokenizer with a ChatML template), so the same
+directory serves layer tests, loader tests and engine tests. It depends only on
+transformers/tokenizers, not on atom_core, so it is a fair reference.
+
+Kinds: "llama", "llama3" (llama3 rope scaling), "llama-tied" (tied embeddings), "qwen3".
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB_SIZE = 272  # 256 byte tokens + specials, a multiple of 16
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 256, 257, 258
+EOS_TOKEN_ID = 258
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=256,
+    eos_token_id=EOS_TOKEN_ID,
+    pad_token_id=256,
+    tie_word_embeddings=False,
+)
+
+
+def tiny_config(kind: str) -> Any:
+    """The transformers config of a tiny model kind."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    if kind == "llama":
+        return LlamaConfig(**_COMMON, rope_theta=10000.0)
+    if kind == "llama-tied":
+        return LlamaConfig(**{**_COMMON, "tie_word_embeddings": True}, rope_theta=10000.0)
+    if kind == "llama3":
+        rope = {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+        }
+        return LlamaConfig(**_COMMON, rope_scaling=rope)
+    if kind == "qwen3":
+        return Qwen3Config(**{**_COMMON, "num_hidden_layers": 3}, head_dim=32, rope_theta=1e6)
+    raise ValueError(f"unknown tiny model kind {kind!r}")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies use."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = list(printable)
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + len(chars) - 188)
+    return {b: chr(c) for b, c in zip(printable, chars)}
+
+
+def build_tokenizer() -> Any:
+    """A byte-level BPE tokenizer without merges: byte b is token b; specials follow."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+        pad_token="<|endoftext|>", chat_template=CHAT_TEMPLATE,
+    )
+
+
+_root: Path | None = None
+_dirs: dict[str, Path] = {}
+
+
+def tiny_model_dir(kind: str = "llama", seed: int = 0) -> Path:
+    """A saved tiny checkpoint of ``kind``; built on first use, then reused (per process)."""
+    global _root
+    key = f"{kind}-{seed}"
+    if key in _dirs:
+        return _dirs[key]
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if _root is None:
+        _root = Path(tempfile.mkdtemp(prefix="atom-tiny-models-"))
+        atexit.register(shutil.rmtree, _root, True)
+    path = _root / key
+    config = tiny_config(kind)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # random norms, so a wrong norm wiring shows up in the logits
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(path, safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=256, eos_token_id=EOS_TOKEN_ID, do_sample=True, temperature=0.7, top_p=0.9
+    ).save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    _dirs[key] = path
+    return path
+
+
+def hf_model(kind: str = "llama", seed: int = 0) -> Any:
+    """The transformers model of ``tiny_model_dir(kind)``, fp32, eager attention."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir(kind, seed), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
