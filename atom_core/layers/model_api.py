@@ -67,7 +67,11 @@ def load_hf_weights(
     params = dict(model.named_parameters())
     tied = bool(getattr(getattr(model, "lm_head", None), "tied", False))
     stacked_params = tuple(stacked_params)
+    needed: dict[str, set[str | int]] = {}
+    for fused, _, shard_id in stacked_params:
+        needed.setdefault(fused, set()).add(shard_id)
     loaded: set[str] = set()
+    shards: dict[str, set[str | int]] = {}
     for name, tensor in weights:
         if any(s in name for s in skip) or (tied and name == "lm_head.weight"):
             continue
@@ -76,16 +80,20 @@ def load_hf_weights(
                 target = name.replace(part, fused)
                 param = _param(params, target, name)
                 param.weight_loader(param, tensor, shard_id)
+                # A fused parameter counts as loaded once every one of its parts is.
+                got = shards.setdefault(target, set())
+                got.add(shard_id)
+                if got == needed[fused]:
+                    loaded.add(target)
                 break
         else:
-            target = name
-            param = _param(params, target, name)
+            param = _param(params, name, name)
             loader = getattr(param, "weight_loader", None)
             if loader is not None:
                 loader(param, tensor)
             else:
                 default_weight_loader(param, tensor)
-        loaded.add(target)
+            loaded.add(name)
     if tied:
         loaded.add("lm_head.weight")
     return loaded

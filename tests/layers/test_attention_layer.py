@@ -1,0 +1,41 @@
+import pytest
+import torch
+
+from atom_core.errors import UnsupportedError
+from atom_core.layers.attention.layer import Attention
+from atom_core.layers.attention.native import NativeAttentionBackend
+from atom_core.layers.context import BuildContext, build_context, forward_context
+from atom_core.plugins import get_registries
+from tests.layers.harness import PagedKV
+
+
+def test_native_backend_is_registered_for_every_device():
+    info = get_registries().attention_backends.backends["native"]
+    assert info.cls is NativeAttentionBackend
+    assert info.kind == "mha" and set(info.device_kinds) == {"cpu", "cuda", "hip"}
+
+
+def test_layer_picks_backend_and_sizes_its_cache():
+    layer = Attention(num_heads=4, head_dim=8, scale=0.5, num_kv_heads=2)
+    assert isinstance(layer.backend, NativeAttentionBackend)
+    assert layer.kv_cache_shape(10, 16) == (2, 10, 16, 2, 8)
+
+
+def test_forced_unknown_backend_is_a_clear_error():
+    with build_context(BuildContext(torch.device("cpu"), torch.float32, "nope")):
+        with pytest.raises(UnsupportedError, match="nope"):
+            Attention(4, 8, 0.5, 2)
+
+
+def test_forward_without_context_or_cache_says_what_is_missing():
+    layer = Attention(4, 8, 0.5, 2)
+    q, k, v = torch.randn(3, 32), torch.randn(3, 16), torch.randn(3, 16)
+    with pytest.raises(RuntimeError, match="forward_context"):
+        layer(q, k, v)
+    kv = PagedKV(num_blocks=4, block_size=4)
+    meta, _ = kv.step([kv.add_sequence()], [3])
+    with forward_context(meta), pytest.raises(RuntimeError, match="kv_cache is not set"):
+        layer(q, k, v)
+    layer.kv_cache = torch.zeros(layer.kv_cache_shape(4, 4))
+    with forward_context(meta):
+        assert layer(q, k, v).shape == (3, 32)
