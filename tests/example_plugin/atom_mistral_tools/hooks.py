@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import ToolCall, ToolFormat
+from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
 from atom_core.hookspecs import hookimpl
 
 MARKER = "[TOOL_CALLS]"
@@ -16,10 +16,10 @@ class MistralToolFormat(ToolFormat):
     START_MARKERS = (MARKER,)
     TEMPLATE_SIGNATURE = ("[AVAILABLE_TOOLS]", MARKER)
 
-    def parse_region(self, text: str, at_end: bool) -> list[ToolCall] | None:
-        body = text[len(MARKER) :].lstrip()
+    def parse_region(self, text: str, at_end: bool) -> RegionParse | None:
+        body = len(text) - len(text[len(MARKER) :].lstrip())
         try:
-            calls, _ = json.JSONDecoder().raw_decode(body)
+            calls, end = json.JSONDecoder().raw_decode(text, body)
         except json.JSONDecodeError:
             return None  # not a call yet (or never): the core decides by at_end
         if isinstance(calls, dict):
@@ -28,7 +28,8 @@ class MistralToolFormat(ToolFormat):
             isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
         ):
             return None
-        return [ToolCall(c["name"], dict(c.get("arguments") or {})) for c in calls]
+        # The markup ends with the JSON; what follows is the answer's, handed back as content.
+        return RegionParse([ToolCall(c["name"], dict(c.get("arguments") or {})) for c in calls], end=end)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return MARKER + json.dumps([{"name": name, "arguments": arguments}])

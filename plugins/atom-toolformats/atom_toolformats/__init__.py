@@ -1,0 +1,1 @@
+"""Tool-call wire formats and reasoning dialects for ATOM (see README.md)."""

@@ -1,0 +1,74 @@
+"""Small pieces of syntax the formats share: names, whitespace, JSON bodies, tag values."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from atom_core.entrypoints.openai.tool_parser.partial_json import PartialStr, parse_json_prefix
+
+NAME = re.compile(r"\w[\w.\-:]{0,127}")
+_WS = " \t\r\n"
+
+
+def skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def valid_name(name: str) -> bool:
+    return NAME.fullmatch(name) is not None
+
+
+def read_json(text: str, i: int, at_end: bool) -> tuple[Any, int, bool] | None:
+    """The JSON value at ``text[i]``: (value, end, complete). A cut value counts only
+    ``at_end`` or as far as its finished parts go (the caller decides); None when the
+    text is not JSON even as a prefix."""
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, i)
+        return value, end, True
+    except json.JSONDecodeError:
+        pass
+    try:
+        value, end = parse_json_prefix(text[i:])
+    except ValueError:
+        return None
+    return value, i + end, False
+
+
+def json_arguments(value: Any) -> dict[str, Any] | None:
+    """Arguments as a dict: a JSON object, or a string holding one (double-encoded)."""
+    if value is None:
+        return {}
+    if isinstance(value, str) and not isinstance(value, PartialStr):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return dict(value) if isinstance(value, dict) else None
+
+
+def first_of(text: str, needles: tuple[str, ...], start: int, end: int | None = None) -> tuple[int, str]:
+    """The earliest of ``needles`` in ``text[start:end]``: (index, needle), or (-1, "")."""
+    best, which = -1, ""
+    for n in needles:
+        j = text.find(n, start, end if end is not None else len(text))
+        if j >= 0 and (best < 0 or j < best):
+            best, which = j, n
+    return best, which
+
+
+def trim_one_newline(value: str) -> str:
+    """A tag value without the one newline the templates put on each side of it."""
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def render_value(value: Any) -> str:
+    """How the templates write an argument value inside a tag: strings as is, else JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

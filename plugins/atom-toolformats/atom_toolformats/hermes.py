@@ -1,0 +1,51 @@
+"""Hermes: a JSON object inside ``<tool_call>…</tool_call>`` (Qwen3's default).
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+The call's own closer is the wrapper, since a JSON object has none of its own. The name
+is legible once its string closes, so a call in progress is named early.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
+from atom_core.entrypoints.openai.tool_parser.partial_json import PartialStr
+from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class HermesFormat(ToolFormat):
+    name = "hermes"
+    START_MARKERS = (OPEN,)
+    CALL_SELF_CLOSERS = (CLOSE,)
+    TEMPLATE_SIGNATURE = (OPEN, '"name"')
+
+    def parse_region(self, text: str, at_end: bool) -> RegionParse | None:
+        i = skip_ws(text, len(OPEN))
+        if not text.startswith("{", i):
+            return None
+        read = read_json(text, i, at_end)
+        if read is None or not isinstance(read[0], dict):
+            return None
+        obj, end, complete = read
+        name = obj.get("name")
+        if not isinstance(name, str) or not valid_name(name):
+            return None
+        if not at_end and (isinstance(name, PartialStr) or not complete):
+            return None if isinstance(name, PartialStr) else RegionParse([ToolCall(str(name))])
+        args = json_arguments(obj.get("arguments", obj.get("parameters")))
+        if args is None:
+            return None
+        j = skip_ws(text, end)
+        stop = j + len(CLOSE) if text.startswith(CLOSE, j) else end
+        return RegionParse([ToolCall(str(name), args)], 0, stop)
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        return f"{OPEN}\n{body}\n{CLOSE}"
