@@ -34,8 +34,8 @@ def test_native_matches_dense_reference(heads, kv_heads, block_size, batch):
     backend = NativeAttentionBackend(heads, head_dim, kv_heads, scale)
     kv = PagedKV(num_blocks=48, block_size=block_size, seed=block_size)
     shape = backend.kv_cache_shape(kv.num_blocks, block_size, kv_heads, head_dim)
-    # Large finite junk: any slot the masks let through would spoil the result.
-    cache = torch.full(shape, 50.0)
+    # Never-written memory may hold NaN: any slot the masks let through would spoil the result.
+    cache = torch.full(shape, float("nan"))
     data_ptr = cache.data_ptr()
     ids = [kv.add_sequence() for _ in batch]
     full_k = [torch.randn(p + n, kv_heads, head_dim, generator=g) for p, n in batch]
@@ -83,3 +83,18 @@ def test_bf16_cache_with_fp32_queries():
     meta, _ = kv.step([sid], [1])
     out = backend.forward(torch.randn(1, 32), torch.randn(1, 16), torch.randn(1, 16), cache, meta)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
+
+
+def test_padding_slots_are_not_written():
+    kv_cache = torch.randn(2, 4, 4, 2, 8)
+    before = kv_cache.clone()
+    k, v = torch.randn(4, 2, 8), torch.randn(4, 2, 8)
+    NativeAttentionBackend.write_cache(k, v, kv_cache, torch.tensor([5, -1, 9, -1]))
+    flat, flat_before = kv_cache.view(2, 16, 2, 8), before.view(2, 16, 2, 8)
+    assert torch.equal(flat[0, 5], k[0]) and torch.equal(flat[1, 9], v[2])
+    untouched = [s for s in range(16) if s not in (5, 9)]
+    assert torch.equal(flat[:, untouched], flat_before[:, untouched])
+    # An all-padding batch (a profiling run) may scribble on slot 0, and nowhere else.
+    snapshot = flat.clone()
+    NativeAttentionBackend.write_cache(k, v, kv_cache, torch.full((4,), -1))
+    assert torch.equal(flat[:, 1:], snapshot[:, 1:])

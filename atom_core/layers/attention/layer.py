@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 from atom_core.layers.attention.backend import AttentionBackend
-from atom_core.layers.context import get_build_context
-from atom_core.layers.context import get_forward_context as _get_forward_context
+from atom_core.layers.context import get_build_context, get_forward_context
 from atom_core.ops import device_kind
 from atom_core.plugins import get_registries
 
@@ -19,10 +18,11 @@ class Attention(nn.Module):
     build context's device, or the one ``BuildContext.attention_backend`` names. The model
     runner allocates this layer's cache and assigns it::
 
-        layer.kv_cache = torch.zeros(layer.kv_cache_shape(num_blocks, block_size),
+        layer.kv_cache = torch.empty(layer.kv_cache_shape(num_blocks, block_size),
                                      dtype=kv_dtype, device=device)
 
-    and runs the model inside ``forward_context(meta)``; ``forward`` reads that metadata.
+    (contiguous; every layer its own tensor) and runs the model inside
+    ``forward_context(meta)``; ``forward`` reads that metadata.
     """
 
     kind = "mha"
@@ -49,7 +49,7 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         try:
-            meta = _get_forward_context()
+            meta = get_forward_context()
         except RuntimeError:
             raise RuntimeError(
                 "Attention.forward needs attention metadata: run the model inside "
