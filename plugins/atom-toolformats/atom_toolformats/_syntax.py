@@ -72,3 +72,41 @@ def trim_one_newline(value: str) -> str:
 def render_value(value: Any) -> str:
     """How the templates write an argument value inside a tag: strings as is, else JSON."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def read_name_attr(text: str, i: int) -> tuple[str, int] | None:
+    """A ``name=`` attribute's value starting at ``text[i]`` (quoted or bare), and where it
+    ends; None while it is still arriving."""
+    if i >= len(text):
+        return None
+    if text[i] in "\"'":
+        j = text.find(text[i], i + 1)
+        return None if j < 0 else (text[i + 1 : j], j + 1)
+    j = i
+    while j < len(text) and text[j] not in " \t\r\n/>":
+        j += 1
+    return None if j >= len(text) else (text[i:j], j)
+
+
+def read_attrs(text: str, i: int) -> tuple[dict[str, str], int, bool] | None:
+    """``k="v"`` attributes from ``text[i]`` up to the tag's ``>``: (attributes, index after
+    the tag, self-closing); None while the tag is still arriving or is not a tag."""
+    attrs: dict[str, str] = {}
+    while True:
+        i = skip_ws(text, i)
+        if i >= len(text):
+            return None
+        if text.startswith("/>", i):
+            return attrs, i + 2, True
+        if text[i] == ">":
+            return attrs, i + 1, False
+        eq = text.find("=", i)
+        if eq < 0:
+            return None
+        key = text[i:eq].strip()
+        if not key or any(c in key for c in " <>\"'"):
+            return None
+        val = read_name_attr(text, eq + 1)
+        if val is None:
+            return None
+        attrs[key], i = val

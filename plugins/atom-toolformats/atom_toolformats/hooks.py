@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from atom_core.hookspecs import hookimpl
+from atom_toolformats.deepseek_v31 import DeepSeekV31Format
+from atom_toolformats.dsml import DsmlFormat
 from atom_toolformats.glm import GlmFormat
 from atom_toolformats.hermes import HermesFormat
+from atom_toolformats.kimi import KimiK2Format
+from atom_toolformats.kimi_k3 import KimiK3Dialect, KimiK3Format
+from atom_toolformats.minimax import MiniMaxFormat
 from atom_toolformats.qwen import QwenCoderFormat
 from atom_toolformats.think import ThinkDialect
 
-FORMATS = (HermesFormat, QwenCoderFormat, GlmFormat)
-DIALECTS = (ThinkDialect,)
+FORMATS = (
+    HermesFormat,
+    QwenCoderFormat,
+    GlmFormat,
+    KimiK2Format,
+    KimiK3Format,
+    MiniMaxFormat,
+    DsmlFormat,
+    DeepSeekV31Format,
+)
+DIALECTS = (ThinkDialect, KimiK3Dialect)
 
 
 @hookimpl

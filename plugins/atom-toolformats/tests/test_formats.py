@@ -31,7 +31,7 @@ def test_parses_what_it_renders(fmt):
 
 
 def test_a_quoted_opener_is_not_a_call(fmt):
-    for marker in fmt.START_MARKERS:
+    for marker in [m for m in fmt.START_MARKERS if fmt.opens_region(m)]:
         text = f"The tag {marker} starts a call; write it and nothing else."
         res = ResponseParser(fmt).read_whole(text, tools=TOOLS)
         assert (res.content, res.tool_calls) == (text, [])

@@ -1,0 +1,63 @@
+"""Kimi-K3: channel framing around every answer, and one channel per tool call.
+
+    <|open|>response<|sep|>Checking.<|close|>response<|sep|>
+    <|open|>call<|sep|>get_weather<|sep|>{"city": "Paris"}<|close|>call<|sep|><|end_of_msg|>
+
+Of the declared markers only the call opener hands the stream over; the response
+framing is dropped where it stands, so an answer streams. A call is read only once its
+``<|close|>call<|sep|>`` has arrived (so on a long payload the name comes with the
+arguments); at the end of the stream a cut call's JSON is closed. The token spelling is
+assumed (kimi_k3_tokens.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from atom_core.entrypoints.openai.reasoning_dialects import ReasoningDialect
+from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
+from atom_toolformats import kimi_k3_tokens as tok
+from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
+
+
+class KimiK3Format(ToolFormat):
+    name = "kimi_k3"
+    START_MARKERS = (tok.CALL_OPEN, *tok.RESPONSE_FRAMING)
+    CALL_SELF_CLOSERS = (tok.CALL_CLOSE,)
+    TEMPLATE_SIGNATURE = (tok.CALL_OPEN,)
+    DETECT_PRIORITY = 10
+
+    def opens_region(self, marker: str) -> bool:
+        return marker == tok.CALL_OPEN
+
+    def parse_region(self, text: str, at_end: bool) -> RegionParse | None:
+        close = text.find(tok.CALL_CLOSE)
+        if close < 0 and not at_end:
+            return None  # a call is invisible until it closes
+        body_end = close if close >= 0 else len(text)
+        start = len(tok.CALL_OPEN)
+        sep = text.find(tok.SEP, start, body_end)
+        if sep < 0:
+            return None
+        name = text[start:sep].strip()
+        if not valid_name(name):
+            return None
+        j = skip_ws(text, sep + len(tok.SEP))
+        body = text[j:body_end].rstrip()
+        read = read_json(body, 0, True) if body else ({}, 0, True)
+        args = json_arguments(read[0]) if read is not None else None
+        if args is None:
+            return None
+        return RegionParse([ToolCall(name, args)], 0, close + len(tok.CALL_CLOSE) if close >= 0 else len(text))
+
+    def render_call(self, name: str, arguments: dict[str, Any]) -> str:
+        return f"{tok.CALL_OPEN}{name}{tok.SEP}{json.dumps(arguments, ensure_ascii=False)}{tok.CALL_CLOSE}"
+
+
+class KimiK3Dialect(ReasoningDialect):
+    name = "kimi_k3"
+    START_MARKERS = tok.REASONING_START
+    END_MARKERS = tok.REASONING_END
+    TEMPLATE_SIGNATURE = tok.REASONING_START
+    DETECT_PRIORITY = 10
