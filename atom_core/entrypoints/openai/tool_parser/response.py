@@ -19,8 +19,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from atom_core.entrypoints.openai.chat_encoders import (
+    ChatEncoder,
+    ThinkingSwitch,
+    chat_template_source,
+    render_probe_prompt,
+    resolve_thinking_switch,
+)
 from atom_core.entrypoints.openai.reasoning import ReasoningChannel
-from atom_core.entrypoints.openai.reasoning_dialects import ReasoningDialect
+from atom_core.entrypoints.openai.reasoning_dialects import (
+    ReasoningDialect,
+    resolve_dialect,
+    with_fallback,
+)
 from atom_core.entrypoints.openai.tool_parser.base import ToolFormat
 from atom_core.entrypoints.openai.tool_parser.events import (
     ContentDelta,
@@ -30,6 +41,10 @@ from atom_core.entrypoints.openai.tool_parser.events import (
     merge_deltas,
 )
 from atom_core.entrypoints.openai.tool_parser.policy import ToolPolicy
+from atom_core.entrypoints.openai.tool_parser.registry import (
+    check_tool_call_parser,
+    resolve_tool_format,
+)
 from atom_core.entrypoints.openai.tool_parser.stream import ToolCallStream, new_call_id
 
 logger = logging.getLogger(__name__)
@@ -117,17 +132,41 @@ class ResponseParser:
         tool_format: ToolFormat | None = None,
         dialect: ReasoningDialect | None = None,
         description: str = "",
+        thinking_switch: ThinkingSwitch | None = None,
     ) -> None:
         self.tool_format = tool_format
         self.dialect = dialect
         self.description = description
+        self.thinking_switch = thinking_switch
+
+    @classmethod
+    def resolve(
+        cls,
+        encoder: ChatEncoder | None,
+        tool_call_parser: str = "auto",
+        reasoning_dialect: str = "auto",
+        registries=None,
+    ) -> ResponseParser:
+        """Start-up: the format and dialect (``auto``: read from the chat template), the
+        thinking switch, and one log line that says what was chosen and why."""
+        fmt_reg = registries.tool_formats if registries else None
+        dia_reg = registries.reasoning_dialects if registries else None
+        check_tool_call_parser(tool_call_parser, fmt_reg)  # an unknown name fails before any rendering
+        probe = render_probe_prompt(encoder) if encoder is not None and tool_call_parser == "auto" else None
+        fmt = resolve_tool_format(tool_call_parser, probe, fmt_reg)
+        dia = with_fallback(resolve_dialect(chat_template_source(encoder), reasoning_dialect, dia_reg), dia_reg)
+        switch = resolve_thinking_switch(encoder)
+        description = (
+            f"tool-call format: {fmt.name or 'none'} ({fmt.reason}); "
+            f"reasoning dialect: {dia.name or 'none'} ({dia.reason}); "
+            f"thinking switch: {switch.kwarg + '=' + repr(switch.off) if switch else 'none (the template has none)'}"
+        )
+        logger.info("%s", description)
+        return cls(fmt.format, dia.dialect, description, switch)
 
     @classmethod
     def from_names(cls, tool_call_parser: str = "none", reasoning_dialect: str = "none", registries=None) -> ResponseParser:
         """Explicit names (``none`` for neither); unknown names raise ConfigError."""
-        from atom_core.entrypoints.openai.reasoning_dialects import resolve_dialect
-        from atom_core.entrypoints.openai.tool_parser.registry import resolve_tool_format
-
         fmt = resolve_tool_format(tool_call_parser, None, registries.tool_formats if registries else None)
         dia = resolve_dialect(None, reasoning_dialect, registries.reasoning_dialects if registries else None)
         return cls(fmt.format, dia.dialect, f"tool format {fmt.name}, reasoning dialect {dia.name}")
