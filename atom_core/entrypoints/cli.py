@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from atom_core import __version__
-from atom_core.entrypoints import generate_cmd
+from atom_core.entrypoints import generate_cmd, parse_cmd
 from atom_core.errors import AtomError
 
 
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plugins)
 
     generate_cmd.add_parser(sub)
+    parse_cmd.add_parser(sub)
     return parser
 
 
