@@ -27,7 +27,9 @@ class PagedKV:
         self.lens.append(0)
         return len(self.lens) - 1
 
-    def step(self, seq_ids: list[int], query_lens: list[int]) -> tuple[AttentionMetadata, torch.Tensor]:
+    def step(
+        self, seq_ids: list[int], query_lens: list[int], device: str | torch.device = "cpu"
+    ) -> tuple[AttentionMetadata, torch.Tensor]:
         """Append ``query_lens[i]`` tokens to sequence ``seq_ids[i]``: (metadata, positions)."""
         slots, positions, starts, seq_lens = [], [], [0], []
         for sid, qlen in zip(seq_ids, query_lens):
@@ -46,31 +48,39 @@ class PagedKV:
         for row, sid in enumerate(seq_ids):
             tables[row, : len(self.tables[sid])] = torch.tensor(self.tables[sid], dtype=torch.int32)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=tables,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=tables.to(device),
             block_size=self.block_size,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             query_start_loc_cpu=starts,
             seq_lens_cpu=seq_lens,
         )
-        return meta, torch.tensor(positions, dtype=torch.int64)
+        return meta, torch.tensor(positions, dtype=torch.int64, device=device)
 
 
-def allocate_kv_caches(model: torch.nn.Module, kv: PagedKV, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """What the model runner does: one zeroed cache per attention layer, assigned to it."""
+def allocate_kv_caches(
+    model: torch.nn.Module, kv: PagedKV, dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> list[torch.Tensor]:
+    """What the model runner does: one cache per attention layer, assigned to it. NaN-filled,
+    so a read of a slot nobody wrote shows up in the results."""
     caches = []
     for layer in model.attention_layers():
-        layer.kv_cache = torch.zeros(layer.kv_cache_shape(kv.num_blocks, kv.block_size), dtype=dtype)
+        shape = layer.kv_cache_shape(kv.num_blocks, kv.block_size)
+        layer.kv_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
         caches.append(layer.kv_cache)
     return caches
 
 
-def check_against_transformers(kind: str, block_size: int = 4, tol: float = 1e-4) -> float:
+def check_against_transformers(
+    kind: str, block_size: int = 4, tol: float = 1e-4, device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """Load ``tiny_model_dir(kind)`` with load_model and run three engine steps against
-    transformers' logits on the same tokens; returns the largest difference seen.
+    transformers' fp32 logits on the same tokens; returns the largest difference seen.
 
     step 1: three whole prompts and the first chunk of a fourth, one flat batch;
     step 2: a decode for each of the three, plus the fourth prompt's remaining chunk over
@@ -81,10 +91,10 @@ def check_against_transformers(kind: str, block_size: int = 4, tol: float = 1e-4
     from atom_core.loader import load_model
     from tests.tiny_models import hf_model, tiny_model_dir
 
-    loaded = load_model(Config.from_kwargs(model=str(tiny_model_dir(kind))), "cpu", torch.float32)
-    model, hf = loaded.model, hf_model(kind)
+    loaded = load_model(Config.from_kwargs(model=str(tiny_model_dir(kind))), device, dtype)
+    model, hf = loaded.model, hf_model(kind).to(device)
     kv = PagedKV(num_blocks=64, block_size=block_size, seed=1)
-    allocate_kv_caches(model, kv)
+    allocate_kv_caches(model, kv, dtype, device)
     g = torch.Generator().manual_seed(0)
     vocab = loaded.hf_config.vocab_size
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 11, 3, 10)]
@@ -92,8 +102,8 @@ def check_against_transformers(kind: str, block_size: int = 4, tol: float = 1e-4
     worst = 0.0
 
     def run(new: list[list[int]]) -> list[torch.Tensor]:
-        meta, positions = kv.step(ids, [len(t) for t in new])
-        flat = torch.tensor([t for chunk in new for t in chunk], dtype=torch.int64)
+        meta, positions = kv.step(ids, [len(t) for t in new], device)
+        flat = torch.tensor([t for chunk in new for t in chunk], dtype=torch.int64, device=device)
         with torch.no_grad(), forward_context(meta):
             logits = model.compute_logits(model(flat, positions))
         assert logits.dtype == torch.float32 and logits.shape == (len(flat), vocab)
@@ -102,7 +112,7 @@ def check_against_transformers(kind: str, block_size: int = 4, tol: float = 1e-4
     def compare(context: list[int], got: torch.Tensor) -> None:
         nonlocal worst
         with torch.no_grad():
-            ref = hf(torch.tensor([context])).logits[0, -got.shape[0]:]
+            ref = hf(torch.tensor([context], device=device)).logits[0, -got.shape[0]:].float()
         diff = (got - ref).abs().max().item()
         worst = max(worst, diff)
         assert diff < tol, f"{kind}: max |logits - transformers| = {diff} at context {len(context)}"
