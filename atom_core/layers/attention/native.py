@@ -149,6 +149,6 @@ class NativeAttentionBackend(AttentionBackend):
             attn_mask=mask,
             is_causal=causal,
             scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
+            enable_gqa=self.num_heads != self.num_kv_heads,  # torch >= 2.5; no K/V repeat
         )
         return out[0].transpose(0, 1)
