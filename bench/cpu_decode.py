@@ -68,9 +68,9 @@ def bench_atom(prompts: list[str], output_len: int) -> tuple[dict, float]:
 def bench_hf(prompts: list[str], output_len: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from atom_core.loader import embedded_default_model
+    from atom_core.loader import embedded_model_path
 
-    path = Path(embedded_default_model())
+    path = embedded_model_path()
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     tok.padding_side = "left"
     if tok.pad_token is None:

@@ -104,6 +104,7 @@ class LLMEngine:
         self.stats = StatsLogger(config.observability_config, self.scheduler, self.block_manager)
         self._requests: dict[str, _Request] = {}
         self._next_id = 0
+        self.num_preemptions = 0
         logger.info(
             "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
             "max_model_len=%d prefix_caching=%s attention=%s",
@@ -217,17 +218,17 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Run one scheduled batch; returns the sequences that finished in it."""
-        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
+        self.num_preemptions += batch.num_preempted
         if not batch.seqs:
-            if self.scheduler.has_unfinished():
-                self.scheduler.note_idle()
             return []
         out = self.runner.execute(batch)
         self.scheduler.advance(batch)
         finished: list[Sequence] = []
         num_prompt = num_gen = 0
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens):
+            if seq.is_finished:  # aborted while the step ran
+                continue
             req = self._requests.get(seq.request_id)
             if seq.seq_id in out.prompt_logprobs:
                 seq.prompt_logprobs.extend(out.prompt_logprobs[seq.seq_id])
@@ -249,7 +250,6 @@ class LLMEngine:
                 self._notify(req, reason is not None)
         for seq in finished:
             self._requests.pop(seq.request_id, None)
-        self.scheduler.record_step(time.perf_counter() - t0)
         self.stats.record(num_prompt, num_gen)
         return finished
 

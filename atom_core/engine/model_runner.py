@@ -39,14 +39,14 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.sampler = Sampler()
         self.attention_layers = list(self.model.attention_layers())
+        self.attention_backend_name = ",".join(sorted({a.backend_name for a in self.attention_layers}))
         self.num_blocks = self._plan_kv_blocks()
         self._allocate_kv_cache(self.num_blocks)
 
     # --- KV cache -----------------------------------------------------------------------
 
     def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:
-        impl = layer.backend
-        return impl.kv_cache_shape(num_blocks, self.block_size, impl.num_kv_heads, impl.head_dim)
+        return layer.kv_cache_shape(num_blocks, self.block_size)
 
     def _bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
