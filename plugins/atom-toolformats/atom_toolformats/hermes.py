@@ -35,16 +35,16 @@ class HermesFormat(ToolFormat):
             return None
         obj, end, complete = read
         name = obj.get("name")
-        if not isinstance(name, str) or not valid_name(name):
-            return None
-        if not at_end and (isinstance(name, PartialStr) or not complete):
-            return None if isinstance(name, PartialStr) else RegionParse([ToolCall(str(name))])
+        if not isinstance(name, str) or isinstance(name, PartialStr) or not valid_name(name):
+            return None  # no name, or one still arriving (or cut): not a call
+        if not complete and not at_end:
+            return RegionParse([ToolCall(name)])
         args = json_arguments(obj.get("arguments", obj.get("parameters")))
         if args is None:
             return None
         j = skip_ws(text, end)
         stop = j + len(CLOSE) if text.startswith(CLOSE, j) else end
-        return RegionParse([ToolCall(str(name), args)], 0, stop)
+        return RegionParse([ToolCall(name, args)], 0, stop)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)

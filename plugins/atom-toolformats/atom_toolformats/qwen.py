@@ -60,8 +60,7 @@ class QwenCoderFormat(ToolFormat):
             return None
         gt = text.find(">", i + len(FN))
         if gt < 0:
-            name = text[i + len(FN) :].strip()
-            return RegionParse([ToolCall(name, {})]) if at_end and valid_name(name) else None
+            return None  # the name is still arriving, or was cut: not a call
         name = text[i + len(FN) : gt].strip()
         if not valid_name(name):
             return None

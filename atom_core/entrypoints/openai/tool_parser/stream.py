@@ -13,7 +13,8 @@ second implementation. It owns everything a format does not declare:
   verbatim and the rest is read again as ordinary text (where it may hold a real call);
   nothing is deleted.
 - The answer after a call streams as it arrives. Only whitespace that joins a call to
-  more markup (a wrapper closer, the next call, framing) or to the end is dropped with it.
+  more markup (a wrapper closer, the next call, framing) is dropped with it; whitespace
+  before ordinary text or the end of the stream is the answer's.
 - The tool's name goes out early: while a region's first ``Region.HEAD`` characters
   arrive, the format's own ``parse_region(head, at_end=False)`` is asked for a call, and
   a name the request declared is announced. The head bounds the cost; past it the name
@@ -177,10 +178,7 @@ class ToolCallStream:
         if hit is True:  # whitespace, or a marker's beginning: wait for the rest
             self._held, self._pos = s[pos:], len(s)
             return False
-        if hit is False:
-            if q >= len(s):  # end of stream after the call: its trailing whitespace goes too
-                self._pos = len(s)
-                return False
+        if hit is False:  # ordinary text (or the end): the whitespace is the answer's
             self._mode = _TEXT
             return True
         if hit.marker in self._openers:
