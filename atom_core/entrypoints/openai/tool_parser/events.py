@@ -12,17 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ContentDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReasoningDelta:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallStart:
     """A call's name is legible and the request declared the tool (or the call closed)."""
 
@@ -31,7 +31,7 @@ class ToolCallStart:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ToolCallArguments:
     """A call is complete: ``arguments`` is the whole JSON object, as text."""
 
@@ -42,7 +42,7 @@ class ToolCallArguments:
 Event = ContentDelta | ReasoningDelta | ToolCallStart | ToolCallArguments
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DispatchedCall:
     """A tool call as the response carries it."""
 
@@ -54,6 +54,8 @@ class DispatchedCall:
 
 def merge_deltas(events: list[Event]) -> list[Event]:
     """Adjacent text deltas of one kind as one (fewer, larger SSE frames); empty ones go."""
+    if len(events) < 2:  # the common case, one delta per engine step
+        return [e for e in events if not isinstance(e, (ContentDelta, ReasoningDelta)) or e.text]
     out: list[Event] = []
     run: list[str] = []
     kind: type | None = None

@@ -98,6 +98,7 @@ class ToolCallStream:
         self._closers = MarkerScanner(closers)
         wrappers = fmt.WRAPPER_CLOSERS if fmt is not None else ()
         self._after = MarkerScanner((*markers, *wrappers))
+        self._steps = {_TEXT: self._step_text, _REGION: self._step_region, _AFTER: self._step_after}
         self._mode = _TEXT
         self._held = ""
         self._region: Region | None = None
@@ -142,7 +143,7 @@ class ToolCallStream:
         self._pos = 0
         if self._region is not None:
             self._region.start = self._region.search = 0
-        steps = {_TEXT: self._step_text, _REGION: self._step_region, _AFTER: self._step_after}
+        steps = self._steps
         while steps[self._mode](at_end):
             pass
         self._s = ""
