@@ -13,6 +13,9 @@ server uses (ResponseParser(format, think).reader(...)), then finished. Three sh
             file write): the region path, with the early-name read bounded to the head
     quoted  an answer that quotes the format's call opener near its start and explains
             for the rest: a region that never closes, held to the end and released verbatim
+    quotes  an answer that quotes the opener every ~40 tokens and never calls: each quote
+            opens a region inside the last one's, so a reader that searched each region
+            afresh would pay one pass over the rest per quote
 
 The cost per token must stay flat as the answer grows; the last column is the ratio of
 the 16k cost to the 2k cost (about 1 when linear, about 8 when quadratic).
@@ -58,7 +61,11 @@ def answer(shape: str, fmt, n_tokens: int) -> list[str]:
         text = "Writing the file.\n" + fmt.render_call("write_file", {"path": "notes.txt", "content": body})
     else:
         opener = next(m for m in fmt.START_MARKERS if fmt.opens_region(m))
-        text = f"To call a tool the model writes {opener} and then: {body}"
+        if shape == "quoted":
+            text = f"To call a tool the model writes {opener} and then: {body}"
+        else:
+            words = body.split(" ")
+            text = " ".join(w if i % 40 else f"{w} {opener}" for i, w in enumerate(words))
     toks = tokens_of(text, rng)
     # Trim or pad to the requested token count so every row reads n tokens.
     while len(toks) < n_tokens:
@@ -91,7 +98,7 @@ def main() -> None:
     for name in reg.tool_formats.names():
         fmt = reg.tool_formats.get(name)()
         parser = ResponseParser(fmt, think)
-        for shape in ("prose", "call", "quoted"):
+        for shape in ("prose", "call", "quoted", "quotes"):
             costs = {n: time_one(parser, answer(shape, fmt, n), args.repeats) for n in args.tokens}
             rows.append({"format": name, "shape": shape, "us_per_token": costs})
 

@@ -148,13 +148,16 @@ def openers(fmt: ToolFormat) -> list[str]:
     return [m for m in fmt.START_MARKERS if fmt.opens_region(m)]
 
 
-def build(shape: str, fmt: ToolFormat, dialect: ReasoningDialect | None, p1: str, p2: str) -> tuple[Answer, dict]:
+def build(
+    shape: str, fmt: ToolFormat, dialect: ReasoningDialect | None, p1: str, p2: str, rng: random.Random
+) -> tuple[Answer, dict]:
     b = Builder(fmt, dialect)
     request: dict[str, Any] = {"tools": TOOLS}
     if shape == "plain":
         b.text(p1 + p2)
     elif shape == "prose_with_markers":
-        quoted = " and ".join(quoted_markers(fmt, dialect)[:6])
+        pool = quoted_markers(fmt, dialect)
+        quoted = " and ".join(rng.sample(pool, min(6, len(pool))))
         b.text(f"{p1}Other models write {quoted}; ours writes {' or '.join(openers(fmt))} then stop. {p2}")
     elif shape == "call_then_explanation":
         b.text(p1).call(ARGS).text("\nIt is sunny in Paris, " + p2)
@@ -168,6 +171,9 @@ def build(shape: str, fmt: ToolFormat, dialect: ReasoningDialect | None, p1: str
         request["tool_choice"] = "none"
     elif shape == "quoting_an_opener":
         b.text(f"To call a tool the model writes {openers(fmt)[0]} and then, {p1}the rest: {p2}")
+    elif shape == "quotes_then_call":
+        op = openers(fmt)[0]
+        b.text(f"{p1}Write {op} to start one; {p2}again, {op} is how.\n").call(ARGS).text(" Done.")
     elif shape == "code_block":
         b.text(p1 + "Here:\n```python\nprint(1 < 2)\n```\n")
     elif shape == "reasoning_then_call":
@@ -179,7 +185,7 @@ def build(shape: str, fmt: ToolFormat, dialect: ReasoningDialect | None, p1: str
 
 SHAPES = [
     "plain", "prose_with_markers", "call_then_explanation", "two_calls", "truncated_call",
-    "forbidden_call", "quoting_an_opener", "code_block", "reasoning_then_call",
+    "forbidden_call", "quoting_an_opener", "code_block", "reasoning_then_call", "quotes_then_call",
 ]
 
 
@@ -225,7 +231,8 @@ def test_streamed_and_whole_agree_and_nothing_is_lost(fmt_name, dialect_name, sh
     dialect = REG.reasoning_dialects.get(dialect_name)() if dialect_name else None
     active = (*format_markers(fmt), *dialect_markers(dialect))
     assume(not any(m in p1 + p2 for m in active))
-    answer, request = build(shape, fmt, dialect, p1, p2)
+    rng = random.Random(seed)
+    answer, request = build(shape, fmt, dialect, p1, p2, rng)
     marks = [answer.text.find(m) for m in (*fmt.START_MARKERS, *dialect_markers(dialect))]
     first_marker = min([m for m in marks if m >= 0], default=len(answer.text))
     parser = ResponseParser(fmt, dialect)
@@ -233,7 +240,6 @@ def test_streamed_and_whole_agree_and_nothing_is_lost(fmt_name, dialect_name, sh
     whole = read(parser, answer.text, None, request, first_marker)
     expected_finish = "tool_calls" if answer.calls else request.get("finish_reason", "stop")
     assert whole == (answer.content, answer.reasoning, answer.calls, expected_finish)
-    rng = random.Random(seed)
     random_split = [rng.randint(1, 12) for _ in range(16)]
     for sizes in [[n] for n in SIZES if n] + [random_split]:
         assert read(parser, answer.text, sizes, request, first_marker) == whole, sizes

@@ -9,6 +9,10 @@ from typing import Any
 from atom_core.entrypoints.openai.tool_parser.partial_json import PartialStr, parse_json_prefix
 
 NAME = re.compile(r"\w[\w.\-:]{0,127}")
+# How far past a name's start its terminator may be. Searching no further keeps a region
+# that is not a call (an answer quoting an opener) cheap to reject, however long it is.
+NAME_WINDOW = 160
+TAG_WINDOW = 512
 _WS = " \t\r\n"
 
 
@@ -74,39 +78,42 @@ def render_value(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def read_name_attr(text: str, i: int) -> tuple[str, int] | None:
+def read_name_attr(text: str, i: int, limit: int | None = None) -> tuple[str, int] | None:
     """A ``name=`` attribute's value starting at ``text[i]`` (quoted or bare), and where it
-    ends; None while it is still arriving."""
-    if i >= len(text):
+    ends; None while it is still arriving (or when it does not end before ``limit``)."""
+    limit = min(len(text), limit if limit is not None else i + TAG_WINDOW)
+    if i >= limit:
         return None
     if text[i] in "\"'":
-        j = text.find(text[i], i + 1)
+        j = text.find(text[i], i + 1, limit)
         return None if j < 0 else (text[i + 1 : j], j + 1)
     j = i
-    while j < len(text) and text[j] not in " \t\r\n/>":
+    while j < limit and text[j] not in " \t\r\n/>":
         j += 1
-    return None if j >= len(text) else (text[i:j], j)
+    return None if j >= limit else (text[i:j], j)
 
 
 def read_attrs(text: str, i: int) -> tuple[dict[str, str], int, bool] | None:
     """``k="v"`` attributes from ``text[i]`` up to the tag's ``>``: (attributes, index after
-    the tag, self-closing); None while the tag is still arriving or is not a tag."""
+    the tag, self-closing); None while the tag is still arriving or is not a tag (one
+    longer than TAG_WINDOW is not)."""
     attrs: dict[str, str] = {}
+    limit = min(len(text), i + TAG_WINDOW)
     while True:
         i = skip_ws(text, i)
-        if i >= len(text):
+        if i >= limit:
             return None
         if text.startswith("/>", i):
             return attrs, i + 2, True
         if text[i] == ">":
             return attrs, i + 1, False
-        eq = text.find("=", i)
+        eq = text.find("=", i, limit)
         if eq < 0:
             return None
         key = text[i:eq].strip()
         if not key or any(c in key for c in " <>\"'"):
             return None
-        val = read_name_attr(text, eq + 1)
+        val = read_name_attr(text, eq + 1, limit)
         if val is None:
             return None
         attrs[key], i = val

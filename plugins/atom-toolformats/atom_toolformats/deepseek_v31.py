@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
-from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
+from atom_toolformats._syntax import NAME_WINDOW, json_arguments, read_json, skip_ws, valid_name
 
 CALLS, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
@@ -30,7 +30,7 @@ class DeepSeekV31Format(ToolFormat):
         i = skip_ws(text, len(CALLS)) if text.startswith(CALLS) else 0
         if not text.startswith(CALL, i):
             return None
-        sep = text.find(SEP, i + len(CALL))
+        sep = text.find(SEP, i + len(CALL), i + len(CALL) + NAME_WINDOW)
         if sep < 0:
             return None  # the name is still arriving (or was cut: not a call)
         name = text[i + len(CALL) : sep].strip()

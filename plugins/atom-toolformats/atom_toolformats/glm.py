@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
-from atom_toolformats._syntax import first_of, render_value, valid_name
+from atom_toolformats._syntax import NAME_WINDOW, first_of, render_value, valid_name
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY, KEY_CLOSE = "<arg_key>", "</arg_key>"
@@ -51,9 +51,9 @@ class GlmFormat(ToolFormat):
 
     def parse_region(self, text: str, at_end: bool) -> RegionParse | None:
         start = len(OPEN)
-        j, _ = first_of(text, ("\n", KEY, CLOSE), start)
-        if j < 0 and not at_end:
-            return None  # the name may still be arriving
+        j, _ = first_of(text, ("\n", KEY, CLOSE), start, start + NAME_WINDOW)
+        if j < 0 and (not at_end or len(text) > start + NAME_WINDOW):
+            return None  # the name may still be arriving, or this is not a call
         name = text[start : j if j >= 0 else len(text)].strip()
         if not valid_name(name):
             return None

@@ -18,7 +18,7 @@ from typing import Any
 from atom_core.entrypoints.openai.reasoning_dialects import ReasoningDialect
 from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
 from atom_toolformats import kimi_k3_tokens as tok
-from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
+from atom_toolformats._syntax import NAME_WINDOW, json_arguments, read_json, skip_ws, valid_name
 
 
 class KimiK3Format(ToolFormat):
@@ -32,17 +32,15 @@ class KimiK3Format(ToolFormat):
         return marker == tok.CALL_OPEN
 
     def parse_region(self, text: str, at_end: bool) -> RegionParse | None:
-        close = text.find(tok.CALL_CLOSE)
+        start = len(tok.CALL_OPEN)
+        sep = text.find(tok.SEP, start, start + NAME_WINDOW)
+        name = text[start:sep].strip() if sep >= 0 else ""
+        if not valid_name(name):
+            return None
+        close = text.find(tok.CALL_CLOSE, sep)
         if close < 0 and not at_end:
             return None  # a call is invisible until it closes
         body_end = close if close >= 0 else len(text)
-        start = len(tok.CALL_OPEN)
-        sep = text.find(tok.SEP, start, body_end)
-        if sep < 0:
-            return None
-        name = text[start:sep].strip()
-        if not valid_name(name):
-            return None
         j = skip_ws(text, sep + len(tok.SEP))
         body = text[j:body_end].rstrip()
         read = read_json(body, 0, True) if body else ({}, 0, True)

@@ -19,7 +19,14 @@ from __future__ import annotations
 from typing import Any
 
 from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
-from atom_toolformats._syntax import first_of, render_value, skip_ws, trim_one_newline, valid_name
+from atom_toolformats._syntax import (
+    NAME_WINDOW,
+    first_of,
+    render_value,
+    skip_ws,
+    trim_one_newline,
+    valid_name,
+)
 
 OPEN, WRAP_CLOSE = "<tool_call>", "</tool_call>"
 FN, FN_CLOSE = "<function=", "</function>"
@@ -58,7 +65,7 @@ class QwenCoderFormat(ToolFormat):
         i = skip_ws(text, len(OPEN)) if text.startswith(OPEN) else 0
         if not text.startswith(FN, i):
             return None
-        gt = text.find(">", i + len(FN))
+        gt = text.find(">", i + len(FN), i + len(FN) + NAME_WINDOW)
         if gt < 0:
             return None  # the name is still arriving, or was cut: not a call
         name = text[i + len(FN) : gt].strip()

@@ -104,6 +104,7 @@ class ToolCallStream:
         self._region: Region | None = None
         self._s = ""
         self._pos = 0
+        self._known_closer: tuple[int, MarkerHit | None] | None = None
         self._events: list[Event] = []
         self._next_index = 0
         self.calls: list[DispatchedCall] = []
@@ -141,6 +142,7 @@ class ToolCallStream:
         self._s = self._held + delta
         self._held = ""
         self._pos = 0
+        self._known_closer = None
         if self._region is not None:
             self._region.start = self._region.search = 0
         steps = self._steps
@@ -198,9 +200,14 @@ class ToolCallStream:
     def _step_region(self, at_end: bool) -> bool:
         r, s = self._region, self._s
         assert r is not None
+        known = self._known_closer
+        if known is not None and r.search >= known[0] and (known[1] is None or r.search <= known[1].start):
+            # A region that failed around this one already searched these bytes.
+            self._close(known[1].end if known[1] is not None else len(s), known[1])
+            return True
         hit = self._closers.find(s, r.search, at_end)
         if hit is not None or at_end:
-            self._close(hit.end if hit is not None else len(s))
+            self._close(hit.end if hit is not None else len(s), hit)
             return True
         keep = self._closers.safe_end(s, r.search)
         self._grow_head(s)
@@ -242,7 +249,7 @@ class ToolCallStream:
             return res
         return RegionParse(res)
 
-    def _close(self, end: int) -> None:
+    def _close(self, end: int, hit: MarkerHit | None = None) -> None:
         r, s = self._region, self._s
         text = "".join(r.parts) + s[r.start : end] if r.parts else s[r.start : end]
         res = self._parse(text, at_end=True)
@@ -254,6 +261,7 @@ class ToolCallStream:
             # Not a call: the opener is the answer's, and the rest is read again as text.
             self._content(r.opener)
             self._resume(text, len(r.opener), end, _TEXT, r)
+            self._remember_closer(text, len(r.opener), hit)
             return
         start = min(max(res.start, 0), len(text))
         stop = len(text) if res.end is None else res.end
@@ -270,6 +278,16 @@ class ToolCallStream:
         else:
             self._s = text[offset:] + self._s[end:]
             self._pos = 0
+            self._known_closer = None
+
+    def _remember_closer(self, text: str, offset: int, hit: MarkerHit | None) -> None:
+        """After a region that was not a call: where its closer was (or that none came
+        before the end), so that a region opened inside it does not search those bytes
+        again. Without this an answer quoting an opener k times costs k passes over the rest."""
+        if hit is None:
+            self._known_closer = (self._pos, None)
+        else:
+            self._known_closer = (self._pos, MarkerHit(self._pos + len(text) - len(hit.marker) - offset, hit.marker))
 
     def _dispatch(self, calls: list[ToolCall], announced: DispatchedCall | None) -> None:
         for i, call in enumerate(calls):
