@@ -161,3 +161,20 @@ def test_without_a_format_everything_is_content():
     st = ToolCallStream(None)
     assert st.feed('<call>x {}</call>') == [ContentDelta('<call>x {}</call>')]
     assert st.finish() == []
+
+
+def test_required_with_no_call_is_reported_not_invented():
+    from atom_core.entrypoints.openai.tool_parser.response import ResponseParser
+
+    parser = ResponseParser(ToyFormat())
+    res = parser.read_whole("I will not call anything.", tools=TOOLS, tool_choice="required")
+    assert (res.tool_calls, res.finish_reason, res.required_unmet) == ([], "stop", True)
+    res = parser.read_whole("<call>search {}</call>", tools=TOOLS, tool_choice="required")
+    assert (res.finish_reason, res.required_unmet) == ("tool_calls", False)
+
+
+def test_a_declared_list_without_the_name_means_no_early_name():
+    text = '<call>mystery {"a": "' + "x" * 300 + '"}</call>'
+    _, calls, per_feed, _ = run(text, 8)  # TOOLS declares get_weather and search only
+    first = next(i for i, evs in enumerate(per_feed) if evs)
+    assert calls == [("mystery", {"a": "x" * 300})] and first == len(text) // 8
