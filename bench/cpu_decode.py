@@ -5,7 +5,7 @@ Prints a table (engine, peer and the memory-bandwidth limit side by side) and wr
     python bench/cpu_decode.py [--batch-sizes 1 8] [--output-len 64] [--json bench/results/cpu_decode.json]
 
 Decode rate = generated tokens after the first / time after the first token. Both engines
-run greedy, fp32, same prompts, same process, same threads. The limit is the bytes of
+run greedy at the same dtype (fp32 and bf16 by default), same prompts, process and threads. The limit is the bytes of
 weights read per decode step over this machine's copy bandwidth, measured here.
 """
 
@@ -44,11 +44,11 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
-def bench_atom(prompts: list[str], output_len: int) -> tuple[dict, float]:
+def bench_atom(prompts: list[str], output_len: int, dtype: str) -> tuple[dict, float]:
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.sampling_params import SamplingParams
 
-    engine = LLMEngine(enable_log_stats=False, max_model_len=2048)
+    engine = LLMEngine(enable_log_stats=False, max_model_len=2048, dtype=dtype, device="cpu")
     texts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     engine.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
@@ -65,7 +65,7 @@ def bench_atom(prompts: list[str], output_len: int) -> tuple[dict, float]:
     return results, weight_bytes
 
 
-def bench_hf(prompts: list[str], output_len: int) -> dict:
+def bench_hf(prompts: list[str], output_len: int, dtype: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from atom_core.loader import embedded_model_path
@@ -75,7 +75,7 @@ def bench_hf(prompts: list[str], output_len: int) -> dict:
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=getattr(torch, dtype))
     model.eval()
     texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
              for p in prompts]
@@ -98,30 +98,32 @@ def bench_hf(prompts: list[str], output_len: int) -> dict:
 
 def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
-    atom, weight_bytes = bench_atom(PROMPTS, ARGS.output_len)
-    hf = bench_hf(PROMPTS, ARGS.output_len)
     bw = copy_bandwidth_gbs()
-    limit = bw * 1e9 / weight_bytes  # decode steps/s if each step only streams the weights once
+    rows = []
+    for dtype in ARGS.dtypes:
+        atom, weight_bytes = bench_atom(PROMPTS, ARGS.output_len, dtype)
+        hf = bench_hf(PROMPTS, ARGS.output_len, dtype)
+        limit = bw * 1e9 / weight_bytes  # decode steps/s if a step only streams the weights once
+        for bs in ARGS.batch_sizes:
+            a, h = atom[bs], hf[bs]
+            rows.append({
+                "dtype": dtype, "batch": bs, "weight_mb": weight_bytes / 1e6,
+                "atom_decode_tok_s": a["decode_tok_s"], "hf_decode_tok_s": h["decode_tok_s"],
+                "ratio": a["decode_tok_s"] / h["decode_tok_s"], "limit_tok_s": limit * bs,
+                "atom_ttft_ms": a["ttft_s"] * 1e3, "hf_ttft_ms": h["ttft_s"] * 1e3,
+            })
 
-    print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1 -> fp32), {os.cpu_count()} CPU threads, "
-          f"{ARGS.output_len} output tokens, greedy")
-    print(f"weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bw:.1f} GB/s\n")
-    header = f"{'batch':>5} | {'ATOM tok/s':>10} | {'HF tok/s':>9} | {'ATOM/HF':>7} | {'limit tok/s':>11} | {'ATOM TTFT ms':>12} | {'HF TTFT ms':>10}"
+    print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1, dequantized), {os.cpu_count()} CPU threads, "
+          f"{ARGS.output_len} output tokens, greedy; copy bandwidth {bw:.1f} GB/s\n")
+    header = (f"{'dtype':>9} | {'batch':>5} | {'ATOM tok/s':>10} | {'HF tok/s':>9} | {'ATOM/HF':>7} | "
+              f"{'limit tok/s':>11} | {'ATOM TTFT ms':>12} | {'HF TTFT ms':>10}")
     print(header)
     print("-" * len(header))
-    rows = []
-    for bs in ARGS.batch_sizes:
-        a, h = atom[bs], hf[bs]
-        row = {
-            "batch": bs, "atom_decode_tok_s": a["decode_tok_s"], "hf_decode_tok_s": h["decode_tok_s"],
-            "ratio": a["decode_tok_s"] / h["decode_tok_s"], "limit_tok_s": limit * bs,
-            "atom_ttft_ms": a["ttft_s"] * 1e3, "hf_ttft_ms": h["ttft_s"] * 1e3,
-        }
-        rows.append(row)
-        print(f"{bs:>5} | {row['atom_decode_tok_s']:>10.1f} | {row['hf_decode_tok_s']:>9.1f} | "
-              f"{row['ratio']:>6.2f}x | {row['limit_tok_s']:>11.1f} | {row['atom_ttft_ms']:>12.0f} | {row['hf_ttft_ms']:>10.0f}")
+    for r in rows:
+        print(f"{r['dtype']:>9} | {r['batch']:>5} | {r['atom_decode_tok_s']:>10.1f} | {r['hf_decode_tok_s']:>9.1f} | "
+              f"{r['ratio']:>6.2f}x | {r['limit_tok_s']:>11.1f} | {r['atom_ttft_ms']:>12.0f} | {r['hf_ttft_ms']:>10.0f}")
     out = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "torch": torch.__version__,
-           "output_len": ARGS.output_len, "weight_bytes": weight_bytes, "copy_bandwidth_gbs": bw, "rows": rows}
+           "output_len": ARGS.output_len, "copy_bandwidth_gbs": bw, "rows": rows}
     Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
     Path(ARGS.json).write_text(json.dumps(out, indent=2))
     print(f"\nwrote {ARGS.json}")
@@ -131,6 +133,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--json", default="bench/results/cpu_decode.json")
     ARGS = parser.parse_args()
     main()
