@@ -15,8 +15,9 @@ from atom_core.config import Config
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.profiler import TorchProfiler, profiler_dir
 from atom_core.engine.scheduler import Scheduler
-from atom_core.engine.sequence import Sequence
+from atom_core.engine.sequence import Logprob, Sequence
 from atom_core.engine.stats import StatsLogger
 from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.loader import load_model
@@ -36,11 +37,17 @@ class RequestOutput:
     """One request's progress, as handed to a stream callback after each step."""
 
     request_id: str
-    text: str  # new text since the last callback
+    text: str  # new text since the last callback ("" when the engine does not detokenize)
     token_ids: list[int]  # new token ids since the last callback
     finished: bool
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    logprobs: list[Logprob] = field(default_factory=list)  # one per new token, if asked
+    prompt_logprobs: list[Logprob | None] | None = None  # with the first output, if asked
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    ttft_s: float | None = None  # set from the first output on
+    latency_s: float | None = None  # set on the finished output
 
 
 @dataclass
@@ -67,9 +74,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class LLMEngine:
-    """``LLMEngine(model=..., **config_fields)`` or ``LLMEngine(config=Config(...))``."""
+    """``LLMEngine(model=..., **config_fields)`` or ``LLMEngine(config=Config(...))``.
 
-    def __init__(self, model: str | None = None, *, config: Config | None = None, **kwargs: Any):
+    With ``detokenize=False`` outputs carry token ids only and stop strings are not
+    checked: the caller owns the text (the server's frontend does).
+    """
+
+    def __init__(
+        self, model: str | None = None, *, config: Config | None = None, detokenize: bool = True, **kwargs: Any
+    ):
         if config is None:
             config = Config.from_kwargs(model=model, **kwargs)
         elif model is not None or kwargs:
@@ -82,6 +95,8 @@ class LLMEngine:
         loaded = load_model(config, self.device, self.dtype)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
+        # The server's engine process leaves text (and so stop strings) to the frontend.
+        self.detokenize = detokenize and loaded.tokenizer is not None
         self.hf_config = loaded.hf_config
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 2048
         if sc.max_model_len is None:
@@ -102,9 +117,11 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(sc, self.block_manager, self.max_model_len)
         self.stats = StatsLogger(config.observability_config, self.scheduler, self.block_manager)
+        self.profiler = TorchProfiler(profiler_dir(config.observability_config.torch_profiler_dir))
         self._requests: dict[str, _Request] = {}
         self._next_id = 0
         self.num_preemptions = 0
+        self.last_step_tokens = (0, 0)  # (prompt, generated) tokens of the latest step
         logger.info(
             "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
             "max_model_len=%d prefix_caching=%s attention=%s",
@@ -190,7 +207,7 @@ class LLMEngine:
                 raise InvalidRequestError(f"request id {rid!r} is already in flight")
             seq = Sequence(ids, sp, request_id=rid)
             detok = None
-            if self.tokenizer is not None:
+            if self.detokenize:
                 detok = IncrementalDetokenizer(
                     self.tokenizer, ids, sp.stop_strings, sp.include_stop_str_in_output
                 )
@@ -210,6 +227,14 @@ class LLMEngine:
             return False
         self.scheduler.abort(request_id)
         return True
+
+    def start_profile(self) -> None:
+        """Start the torch profiler (needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR)."""
+        self.profiler.start()
+
+    def stop_profile(self) -> None:
+        """Stop the profiler and write its trace under ``{torch_profiler_dir}/rank_0/``."""
+        self.profiler.stop()
 
     def is_finished(self) -> bool:
         return not self.scheduler.has_unfinished()
@@ -250,6 +275,7 @@ class LLMEngine:
                 self._notify(req, reason is not None)
         for seq in finished:
             self._requests.pop(seq.request_id, None)
+        self.last_step_tokens = (num_prompt, num_gen)
         self.stats.record(num_prompt, num_gen)
         return finished
 
@@ -277,10 +303,18 @@ class LLMEngine:
         if req.callback is None:
             return
         seq = req.seq
+        first = req.sent_tokens == 0
         new_ids = seq.output_token_ids[req.sent_tokens :]
+        new_logprobs = seq.logprobs[req.sent_tokens :] if seq.sampling_params.logprobs is not None else []
         req.sent_tokens = seq.num_output_tokens
+        prompt_lps = seq.prompt_logprobs if first and seq.sampling_params.prompt_logprobs is not None else None
+        ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time is not None else None
+        latency = (seq.finish_time or time.perf_counter()) - seq.arrival_time if finished else None
         req.callback(
-            RequestOutput(seq.request_id, text, new_ids, finished, seq.finish_reason, seq.stop_reason)
+            RequestOutput(
+                seq.request_id, text, new_ids, finished, seq.finish_reason, seq.stop_reason,
+                new_logprobs, prompt_lps, seq.num_prompt_tokens, seq.num_output_tokens, ttft, latency,
+            )
         )
 
     def generate(

@@ -1,0 +1,138 @@
+"""The engine process: a busy loop of receive requests -> step -> send outputs.
+
+It owns the model and the KV cache; the server's frontend talks to it over two ZMQ
+sockets (requests in, one StepOutputs message per engine step out). Text stays with the
+frontend: this process sends token ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import zmq
+
+from atom_core.config import Config
+from atom_core.engine.core_messages import (
+    AbortRequests,
+    AddRequest,
+    Control,
+    ControlReply,
+    EngineFailed,
+    EngineReady,
+    EngineStats,
+    StepOutputs,
+    TokenOutput,
+    encoder,
+    to_engine_decoder,
+)
+from atom_core.engine.llm_engine import LLMEngine, RequestOutput
+from atom_core.errors import AtomError
+
+logger = logging.getLogger("atom.engine_core")
+
+IDLE_POLL_MS = 100
+
+
+class EngineCore:
+    def __init__(self, engine: LLMEngine, push: zmq.Socket) -> None:
+        self.engine = engine
+        self.push = push
+        self.pending: list[TokenOutput] = []
+        self.running = True
+
+    def _collect(self, out: RequestOutput) -> None:
+        self.pending.append(
+            TokenOutput(
+                out.request_id, out.token_ids, out.finished, out.finish_reason, out.stop_reason,
+                out.logprobs, out.prompt_logprobs, out.num_prompt_tokens, out.num_output_tokens,
+                out.ttft_s, out.latency_s,
+            )
+        )
+
+    def handle(self, msg: AddRequest | AbortRequests | Control) -> None:
+        if isinstance(msg, AddRequest):
+            try:
+                self.engine.add_request([msg.prompt_token_ids], msg.params, self._collect, [msg.request_id])
+            except AtomError as exc:  # refused: say so to that request only
+                self.pending.append(TokenOutput(msg.request_id, [], True, "abort", error=str(exc)))
+        elif isinstance(msg, AbortRequests):
+            for rid in msg.request_ids:
+                self.engine.abort_request(rid)
+        else:
+            self.push.send(encoder.encode(self._control(msg)))
+
+    def _control(self, msg: Control) -> ControlReply:
+        try:
+            if msg.command == "start_profile":
+                self.engine.start_profile()
+            elif msg.command == "stop_profile":
+                where = self.engine.profiler.stop()
+                return ControlReply(msg.call_id, True, str(where) if where else "profiler was not running")
+            elif msg.command == "shutdown":
+                self.running = False
+            else:
+                return ControlReply(msg.call_id, False, f"unknown command {msg.command!r}")
+        except AtomError as exc:
+            return ControlReply(msg.call_id, False, str(exc))
+        return ControlReply(msg.call_id, True)
+
+    def step(self) -> None:
+        if not self.engine.is_finished():
+            self.engine.step()
+        if not self.pending and self.engine.is_finished():
+            return
+        bm = self.engine.block_manager
+        prompt, gen = self.engine.last_step_tokens
+        self.engine.last_step_tokens = (0, 0)
+        stats = EngineStats(
+            self.engine.scheduler.num_running, self.engine.scheduler.num_waiting, bm.usage,
+            bm.prefix_cache_queries, bm.prefix_cache_hits, prompt, gen, self.engine.num_preemptions,
+        )
+        outputs, self.pending = self.pending, []
+        self.push.send(encoder.encode(StepOutputs(outputs, stats)))
+
+
+def run_engine_core(config: Config, in_addr: str, out_addr: str, log_level: int = logging.INFO) -> None:
+    """Entry point of the engine process (spawned by the frontend's EngineClient)."""
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.connect(in_addr)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(out_addr)
+    parent = os.getppid()
+    try:
+        engine = LLMEngine(config=config, detokenize=False)
+    except Exception as exc:  # report why, so the frontend can say it instead of hanging
+        logger.exception("engine failed to start")
+        push.send(encoder.encode(EngineFailed(f"{type(exc).__name__}: {exc}")))
+        return
+    hf = engine.hf_config
+    push.send(encoder.encode(EngineReady(
+        engine.max_model_len, hf.vocab_size, engine.runner.num_blocks,
+        config.cache_config.block_size, (getattr(hf, "architectures", None) or ["?"])[0],
+    )))
+    core = EngineCore(engine, push)
+    try:
+        while core.running:
+            idle = engine.is_finished() and not core.pending
+            if pull.poll(IDLE_POLL_MS if idle else 0):
+                while True:
+                    try:
+                        raw = pull.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    core.handle(to_engine_decoder.decode(raw))
+            elif idle and os.getppid() != parent:
+                logger.info("frontend is gone; engine exiting")
+                break
+            core.step()
+    except Exception as exc:
+        logger.exception("engine step failed")
+        push.send(encoder.encode(EngineFailed(f"{type(exc).__name__}: {exc}")))
+    finally:
+        engine.profiler.stop()
+        push.close(linger=1000)
+        pull.close(linger=0)
+        ctx.term()
