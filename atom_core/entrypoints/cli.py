@@ -30,6 +30,18 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    from atom_core.entrypoints.server_args import add_server_args
+
+    add_server_args(p)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from atom_core.entrypoints.openai_server import serve
+
+    return serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atom", description="ATOM LLM inference engine")
     parser.add_argument("--version", action="version", version=f"atom {__version__}")
@@ -39,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=_cmd_plugins)
 
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _add_serve_args(p)
+    p.set_defaults(func=_cmd_serve)
     generate_cmd.add_parser(sub)
     parse_cmd.add_parser(sub)
     return parser

@@ -123,10 +123,7 @@ def load_model(config: Config, device: torch.device | str, dtype: torch.dtype) -
         raise ConfigError(f"--model {path} is a config file without weights; add --load_dummy")
     _check_complete(model, loaded, source)
 
-    tokenizer = _load_tokenizer(m.tokenizer, model_dir, gguf)
-    chat_template = gguf.chat_template() if gguf is not None else None
-    if chat_template is None and tokenizer is not None:
-        chat_template = getattr(tokenizer, "chat_template", None)
+    tokenizer, chat_template = _tokenizer_and_template(m.tokenizer, model_dir, gguf)
     logger.info("loaded %s (%s) from %s on %s in %s", architecture(hf_config),
                 type(model).__name__, source, device, dtype)
     return LoadedModel(
@@ -137,6 +134,27 @@ def load_model(config: Config, device: torch.device | str, dtype: torch.dtype) -
         chat_template=chat_template,
         source=source,
     )
+
+
+def load_tokenizer(config: Config) -> tuple[Any, str | None]:
+    """The tokenizer and chat template of the model --model names, without its weights
+    (the server's frontend needs text, not tensors)."""
+    m = config.model_config
+    path = Path(m.model).expanduser() if m.model is not None else embedded_model_path()
+    if not path.exists():
+        raise ConfigError(f"--model {path} does not exist")
+    gguf = GGUFFile(path) if path.is_file() and path.suffix == ".gguf" else None
+    return _tokenizer_and_template(m.tokenizer, path if path.is_dir() else None, gguf)
+
+
+def _tokenizer_and_template(
+    override: str | None, model_dir: Path | None, gguf: GGUFFile | None
+) -> tuple[Any, str | None]:
+    tokenizer = _load_tokenizer(override, model_dir, gguf)
+    chat_template = gguf.chat_template() if gguf is not None else None
+    if chat_template is None and tokenizer is not None:
+        chat_template = getattr(tokenizer, "chat_template", None)
+    return tokenizer, chat_template
 
 
 def _load_tokenizer(override: str | None, model_dir: Path | None, gguf: GGUFFile | None) -> Any:

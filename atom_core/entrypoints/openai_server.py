@@ -1,0 +1,139 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn) in front of the engine process.
+
+    atom serve [--model PATH] [--server-port 8000] [engine flags]
+    python -m atom_core.entrypoints.openai_server ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from atom_core import __version__
+from atom_core.engine.arg_utils import EngineArgs
+from atom_core.entrypoints.metrics import ServerMetrics
+from atom_core.entrypoints.openai.engine_client import EngineClient
+from atom_core.entrypoints.openai.errors_http import error_response, install_error_handlers
+from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
+from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from atom_core.entrypoints.server_args import add_server_args
+from atom_core.errors import AtomError, AuthenticationError, EngineDeadError
+
+logger = logging.getLogger("atom.server")
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    config = EngineArgs.from_cli_args(args).create_config()
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = EngineClient(config, args.served_model_name)
+        await client.start()
+        metrics = ServerMetrics(client.model_name)
+        client.stats_listeners.append(metrics.on_stats)
+        client.finish_listeners.append(metrics.on_finished)
+        state.update(client=client, metrics=metrics, chat=OpenAIServingChat(client),
+                     completion=OpenAIServingCompletion(client))
+        logger.info("serving %s on http://%s:%d", client.model_name, args.host, args.server_port)
+        try:
+            yield
+        finally:
+            await client.shutdown()
+
+    app = FastAPI(title="ATOM", version=__version__, lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def api_key_auth(request: Request, call_next):
+        if args.api_key and request.url.path.startswith("/v1"):
+            header = request.headers.get("authorization", "")
+            token = header[7:] if header.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), args.api_key.encode()):
+                return error_response(AuthenticationError("missing or invalid API key"))
+        return await call_next(request)
+
+    def timed(response: Response, request_id: str) -> Response:
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = state["metrics"].timed_frames(request_id, response.body_iterator)
+        return response
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return timed(await state["chat"].create(request, raw_request), "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        return timed(await state["completion"].create(request, raw_request), "completion")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        client = state["client"]
+        card = {"id": client.model_name, "object": "model", "created": 0, "owned_by": "atom",
+                "root": client.model_name, "max_model_len": client.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        client = state["client"]
+        if not client.is_healthy:
+            return error_response(EngineDeadError(client.dead_reason or "engine process exited"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state["metrics"].render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def profile(command: str) -> Response:
+        reply = await state["client"].control(command)
+        if not reply.ok:
+            return error_response(AtomError(reply.message), status=400)
+        return JSONResponse({"status": "ok", "message": reply.message})
+
+    @app.post("/start_profile")
+    async def start_profile() -> Response:
+        return await profile("start_profile")
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> Response:
+        return await profile("stop_profile")
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_server_args(argparse.ArgumentParser(prog="atom serve", description=__doc__))
+    args = parser.parse_args(argv)
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app = build_app(args)
+    except AtomError as exc:
+        print(f"atom serve: error: {exc}", file=sys.stderr)
+        return 1
+    uvicorn.run(
+        app, host=args.host, port=args.server_port, timeout_keep_alive=args.timeout_keep_alive,
+        access_log=not args.disable_uvicorn_access_log, log_level=args.log_level,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
