@@ -1,0 +1,360 @@
+"""The OpenAI wire format: request models and response shapes.
+
+Requests are pydantic models, so FastAPI validates them and a bad field comes back as a
+400 naming it (errors_http.py). They tolerate fields this server does not know - OpenAI
+clients add new ones every release - and ignore them (kept in ``model_extra``, unread).
+An explicit ``null`` means "not given" and takes the default, except ``max_tokens``,
+where it means "as many as fit in the context" (what vLLM does with it).
+
+Responses and stream chunks are msgspec Structs: every frame is encoded by sse.py's one
+msgspec encoder, several times cheaper than pydantic or json.dumps per frame. Each
+carries its ``object`` as a msgspec tag, so it is always written and always right.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from atom_core.errors import InvalidRequestError
+from atom_core.sampling_params import SamplingParams
+
+DEFAULT_MAX_TOKENS = 256  # the serving guide's default for both endpoints
+MAX_N = 128  # choices per prompt; each one is an engine request, so this bounds the fan-out
+MAX_LOGPROBS = 20  # OpenAI's limit, and SamplingParams'
+
+# ---------------------------------------------------------------------------- requests
+
+
+class OpenAIRequest(BaseModel):
+    """Unknown fields allowed and ignored; NaN/Infinity refused (they would reach the
+    sampler: an infinite temperature turns masked logits into NaN probabilities)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k == "max_tokens"}
+        return data
+
+
+class StreamOptions(OpenAIRequest):
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    """One turn. Content parts are flattened to text here ("\\n"-joined, as vLLM does for
+    string-content templates); extra keys (reasoning_content, ...) reach the template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _flatten_parts(cls, v: Any) -> Any:
+        if not isinstance(v, list):
+            return v
+        texts = []
+        for part in v:
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                raise ValueError('content parts must be objects {"type": "text", "text": ...}')
+            if part.get("type", "text") != "text":
+                raise ValueError(f"content part type {part['type']!r} is not supported (text only)")
+            texts.append(part["text"])
+        return "\n".join(texts)
+
+
+class _SamplingRequest(OpenAIRequest):
+    """Fields both endpoints share."""
+
+    model: str | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = Field(-1, ge=-1, le=2**31 - 1)  # -1 (or 0) = off; bounded: it becomes a tensor
+    min_p: float = 0.0
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # torch.Generator's range
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list) and all(isinstance(s, str) for s in v):
+            return v or None
+        raise ValueError("stop must be a string or a list of strings")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _params(self, max_tokens: int, **kw: Any) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            max_tokens=max_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_strings=self.stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+            **kw,
+        )
+
+
+def _check_max_tokens(value: int, param: str, least: int = 1) -> None:
+    if value < least:
+        raise InvalidRequestError(f"{param} must be at least {least}, got {value}", param=param)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """POST /v1/chat/completions. ``prompt`` is accepted as an alias of ``messages``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    tools: list[dict[str, Any]] | None = None  # passed to the chat template
+    tool_choice: str | dict[str, Any] | None = None  # stored; tool-call parsing reads it
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "prompt" in data:
+            data = dict(data)
+            prompt = data.pop("prompt")
+            data.setdefault("messages", prompt)
+        return data
+
+    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """``default_max_tokens`` is used when the client sent ``max_tokens: null`` (the
+        handler passes what is left of the context)."""
+        if self.max_completion_tokens is not None:
+            max_tokens, param = self.max_completion_tokens, "max_completion_tokens"
+        else:
+            max_tokens, param = self.max_tokens, "max_tokens"
+        if max_tokens is None:
+            max_tokens = default_max_tokens
+        _check_max_tokens(max_tokens, param)
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._params(max_tokens, logprobs=logprobs)
+
+
+Prompt = str | list[int]  # one completions prompt: text or token ids
+
+
+class CompletionRequest(_SamplingRequest):
+    """POST /v1/completions. ``prompt`` is normalised to a list of prompts (batch): a
+    string, a list of strings, a list of token ids or a list of token-id lists. Each
+    prompt gets ``n`` choices; choice index = prompt_index * n + j (OpenAI's order)."""
+
+    prompt: list[Prompt]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_special_tokens: bool = True  # vLLM's extension: BOS etc. on text prompts
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_batch(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [v]
+        if isinstance(v, list) and v:
+            if all(isinstance(p, str) for p in v):
+                return v
+            if all(_is_token_id(t) for t in v):
+                return [v]
+            if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in v):
+                return v
+        raise ValueError(
+            "prompt must be a string, a non-empty list of strings, a list of token ids "
+            "or a list of non-empty token-id lists"
+        )
+
+    @property
+    def echo_only(self) -> bool:
+        """max_tokens 0 with echo: only the prompt comes back. The engine cannot run zero
+        steps, so the handler generates one token and drops it (its prompt logprobs are
+        computed on the way)."""
+        return self.echo and self.max_tokens == 0
+
+    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        if self.echo_only:
+            max_tokens = 1
+        _check_max_tokens(max_tokens, "max_tokens", least=1)
+        prompt_logprobs = self.logprobs if self.echo else None
+        return self._params(max_tokens, logprobs=self.logprobs, prompt_logprobs=prompt_logprobs)
+
+
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    ttft_s: float = 0.0
+    tpot_s: float = 0.0
+    latency_s: float = 0.0
+
+
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[ChatTokenLogprob] | None
+
+
+class ChatMessageOut(msgspec.Struct, kw_only=True):
+    role: str = "assistant"
+    content: str | None
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop string / token that ended it (vLLM's field)
+
+
+class ChatCompletionResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="chat.completion"):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(
+    msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="object", tag="chat.completion.chunk"
+):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None  # only on the include_usage chunk, whose choices is []
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    """The legacy shape lm-eval reads. top_logprobs entries map token text to logprob and
+    include the chosen token (so up to n + 1 keys); a prompt's first token has no logprob
+    (null in token_logprobs and top_logprobs). text_offset indexes the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="text_completion"):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+
+
+class CompletionChunk(
+    msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="object", tag="text_completion"
+):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(msgspec.Struct, kw_only=True, tag_field="object", tag="model"):
+    id: str
+    created: int
+    owned_by: str = "atom"
+    max_model_len: int
+
+
+class ModelList(msgspec.Struct, kw_only=True, tag_field="object", tag="list"):
+    data: list[ModelCard]
+
+
+class ErrorInfo(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    error: ErrorInfo
