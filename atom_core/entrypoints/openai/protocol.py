@@ -165,7 +165,9 @@ class ChatCompletionRequest(_SamplingRequest):
             max_tokens = default_max_tokens
         _check_max_tokens(max_tokens, param)
         if self.top_logprobs and not self.logprobs:
-            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+            raise InvalidRequestError(
+                "top_logprobs requires logprobs to be true", param="top_logprobs"
+            )
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._params(max_tokens, logprobs=logprobs)
 
@@ -270,7 +272,9 @@ class ChatChoice(msgspec.Struct, kw_only=True):
     stop_reason: int | str | None = None  # the stop string / token that ended it (vLLM's field)
 
 
-class ChatCompletionResponse(msgspec.Struct, kw_only=True, tag_field="object", tag="chat.completion"):
+class ChatCompletionResponse(
+    msgspec.Struct, kw_only=True, tag_field="object", tag="chat.completion"
+):
     id: str
     created: int
     model: str
@@ -292,7 +296,11 @@ class ChatChunkChoice(msgspec.Struct, kw_only=True):
 
 
 class ChatCompletionChunk(
-    msgspec.Struct, kw_only=True, omit_defaults=True, tag_field="object", tag="chat.completion.chunk"
+    msgspec.Struct,
+    kw_only=True,
+    omit_defaults=True,
+    tag_field="object",
+    tag="chat.completion.chunk",
 ):
     id: str
     created: int
