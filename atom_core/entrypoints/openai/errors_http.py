@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atom_core.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
-from atom_core.entrypoints.openai.sse import encode_json
+from atom_core.entrypoints.openai.sse import json_response
 from atom_core.errors import AtomError, http_status
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def error_response(exc: BaseException, status: int | None = None) -> Response:
 
 
 def json_error(body: ErrorResponse, status: int) -> Response:
-    return Response(encode_json(body), status_code=status, media_type="application/json")
+    return json_response(body, status)
 
 
 def field_path(loc: Sequence[Any]) -> str | None:
