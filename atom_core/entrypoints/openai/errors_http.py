@@ -94,7 +94,8 @@ def validation_body(errors: Sequence[dict[str, Any]]) -> ErrorResponse:
     messages = []
     for err in errors[:5]:
         path = field_path(err.get("loc", ()))
-        messages.append(f"{path}: {err.get('msg')}" if path else str(err.get("msg")))
+        msg = str(err.get("msg")).removeprefix("Value error, ")  # our validators' own words
+        messages.append(f"{path}: {msg}" if path else msg)
     return error_body("; ".join(messages), 400, field_path(first.get("loc", ())))
 
 

@@ -8,6 +8,7 @@ model's reply comes back as content.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
@@ -56,7 +57,7 @@ _RESERVED_KWARGS = frozenset(
     {
         "conversation", "messages", "chat_template", "tools", "documents", "tokenize",
         "padding", "truncation", "max_length", "return_tensors", "return_dict",
-        "return_assistant_tokens_mask", "tokenizer_kwargs", "continue_final_message",
+        "return_assistant_tokens_mask", "tokenizer_kwargs",
     }
 )  # fmt: skip
 
@@ -81,6 +82,20 @@ def chat_logprobs(
             )
         )
     return ChatLogprobs(content=content)
+
+
+def _arguments_as_object(call: Any) -> None:
+    """OpenAI sends a past call's arguments as a JSON string; templates that write them
+    with ``| tojson`` (Llama 3's) need the object, and those that accept either (Qwen's)
+    take it too - so the string is parsed where it is a JSON object (vLLM does the same)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            return
+        if isinstance(arguments, dict):
+            function["arguments"] = arguments
 
 
 class OpenAIServingChat:
@@ -142,6 +157,8 @@ class OpenAIServingChat:
         out["content"] = message.content or ""  # a template would print None as "None"
         if message.role == "developer":
             out["role"] = self._developer_role
+        for call in out.get("tool_calls") or ():
+            _arguments_as_object(call)
         return out
 
     async def _full(

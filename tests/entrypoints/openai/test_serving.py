@@ -238,6 +238,24 @@ def test_tools_and_chat_template_kwargs_reach_the_template():
     assert prompt == "user:Hello world!\ntools=1 flag=on go"
 
 
+def test_past_tool_calls_reach_the_template_with_object_arguments():
+    template = (
+        "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}"
+        "{% for c in m.get('tool_calls', []) %}[{{ c.function.name }} {{ c.function.arguments | tojson }}]"
+        "{% endfor %}\n{% endfor %}"
+    )
+    engine = FakeEngineClient(chat_template=template)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    messages = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    assert post(engine, "/v1/chat/completions", {"messages": messages}).status_code == 200
+    prompt = engine.tokenizer.decode(engine.calls[0][0])
+    assert '[f {"x": 1}]' in prompt and prompt.endswith("tool:42")
+
+
 def test_developer_role_is_sent_as_system_to_a_template_that_does_not_know_it():
     engine = FakeEngineClient()
     post(
