@@ -40,6 +40,7 @@ class EngineCore:
         self.push = push
         self.pending: list[TokenOutput] = []
         self.running = True
+        self.dirty = False  # an abort changed the engine's state: report it even if idle
 
     def _collect(self, out: RequestOutput) -> None:
         self.pending.append(
@@ -58,7 +59,7 @@ class EngineCore:
                 self.pending.append(TokenOutput(msg.request_id, [], True, "abort", error=str(exc)))
         elif isinstance(msg, AbortRequests):
             for rid in msg.request_ids:
-                self.engine.abort_request(rid)
+                self.dirty |= self.engine.abort_request(rid)
         else:
             self.push.send(encoder.encode(self._control(msg)))
 
@@ -80,8 +81,9 @@ class EngineCore:
     def step(self) -> None:
         if not self.engine.is_finished():
             self.engine.step()
-        if not self.pending and self.engine.is_finished():
+        if not self.pending and not self.dirty and self.engine.is_finished():
             return
+        self.dirty = False
         bm = self.engine.block_manager
         prompt, gen = self.engine.last_step_tokens
         self.engine.last_step_tokens = (0, 0)
@@ -116,7 +118,7 @@ def run_engine_core(config: Config, in_addr: str, out_addr: str, log_level: int 
     core = EngineCore(engine, push)
     try:
         while core.running:
-            idle = engine.is_finished() and not core.pending
+            idle = engine.is_finished() and not core.pending and not core.dirty
             if pull.poll(IDLE_POLL_MS if idle else 0):
                 while True:
                     try:

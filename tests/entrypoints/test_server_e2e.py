@@ -1,0 +1,202 @@
+"""The real server in a subprocess, driven by the official openai SDK and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server_process import ServerProcess
+from tests.tiny_models import tiny_model_dir
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("server")
+    srv = ServerProcess(
+        tiny_model_dir("llama"), "--max-model-len", "256", "--served-model-name", "tiny",
+        "--torch-profiler-dir", str(logs / "traces"), log=logs / "server.log",
+    ).wait_ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def metric(server, name: str) -> float:
+    text = httpx.get(f"{server.base_url}/metrics").text
+    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def test_health_version_models(server):
+    assert httpx.get(f"{server.base_url}/health").json() == {"status": "ok"}
+    assert "version" in httpx.get(f"{server.base_url}/version").json()
+    [card] = httpx.get(f"{server.base_url}/v1/models").json()["data"]
+    assert card["id"] == "tiny" and card["max_model_len"] == 256
+
+
+def test_chat_stream_equals_non_stream(client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Tell me about paged attention."}],
+              temperature=0, max_tokens=24)
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 24
+
+
+def test_completion_stream_equals_non_stream(client):
+    kw = dict(model="tiny", prompt="The quick brown fox", temperature=0, max_tokens=20)
+    full = client.completions.create(**kw)
+    text = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True))
+    assert text == full.choices[0].text
+    extra = full.model_extra["usage"] if "usage" in (full.model_extra or {}) else full.usage.model_extra
+    assert {"ttft_s", "tpot_s", "latency_s"} <= set(extra)
+
+
+def test_stop_strings_and_n(client):
+    base = client.completions.create(model="tiny", prompt="Hello", temperature=0, max_tokens=30)
+    text = base.choices[0].text
+    stop = text[8:11]
+    cut = client.completions.create(model="tiny", prompt="Hello", temperature=0, max_tokens=30, stop=[stop])
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    many = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, n=3, seed=7)
+    assert sorted(c.index for c in many.choices) == [0, 1, 2]
+
+
+def test_64_concurrent_streams_each_get_their_own(server):
+    """Each client has its own prompt length and max_tokens, so cross-talk cannot hide."""
+    aclient = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+    async def one(i: int) -> tuple[int, int, int, str]:
+        stream = await aclient.completions.create(
+            model="tiny", prompt="a" * (i + 1), max_tokens=1 + i % 17, temperature=0.8, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if chunk.usage:
+                usage = chunk.usage
+        return i, usage.prompt_tokens, usage.completion_tokens, text
+
+    async def run():
+        return await asyncio.gather(*(one(i) for i in range(64)))
+
+    results = asyncio.run(run())
+    single = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+    for i, prompt_tokens, completion_tokens, _ in results:
+        expect = single.completions.create(model="tiny", prompt="a" * (i + 1), max_tokens=1).usage.prompt_tokens
+        assert (prompt_tokens, completion_tokens) == (expect, 1 + i % 17)
+
+
+BAD = [
+    ("/v1/chat/completions", b"{not json", 400, None),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 400}]}, 400, None),
+    ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404, None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, None),
+    ("/v1/completions", {}, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param", BAD)
+def test_bad_input_gets_openai_error_shape(server, path, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{server.base_url}{path}", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    ok = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "still alive", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_disconnect_mid_stream_frees_kv(server):
+    body = {"prompt": "disconnect me", "max_tokens": 200, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in got)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if metric(server, "atom:num_requests_running") == 0 and metric(server, "atom:kv_cache_usage_perc") == 0:
+            break
+        time.sleep(0.2)
+    assert metric(server, "atom:num_requests_running") == 0
+    assert metric(server, "atom:kv_cache_usage_perc") == 0
+    finished = metric(server, "atom:generation_tokens_total")
+    assert finished < 10_000
+
+
+def test_metrics_count_tokens(server):
+    before = metric(server, "atom:generation_tokens_total")
+    httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "count", "max_tokens": 7, "ignore_eos": True})
+    assert metric(server, "atom:generation_tokens_total") - before == 7
+    assert metric(server, "atom:stream_longest_silence_seconds") == 0
+
+
+def test_profile_endpoints_write_a_trace(server, tmp_path_factory):
+    assert httpx.post(f"{server.base_url}/start_profile").status_code == 200
+    httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "profile me", "max_tokens": 4})
+    r = httpx.post(f"{server.base_url}/stop_profile", timeout=120)
+    assert r.status_code == 200, r.text
+    trace_dir = r.json()["message"]
+    assert trace_dir.endswith("rank_0")
+    [trace] = [os.path.join(trace_dir, f) for f in os.listdir(trace_dir) if f.endswith(".json.gz")]
+    events = json.loads(gzip.open(trace).read())["traceEvents"]
+    assert any("forward" in e.get("name", "") or e.get("ph") == "X" for e in events)
+
+
+def test_api_key(tmp_path):
+    srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", "--api-key", "s3cret",
+                        log=tmp_path / "log").wait_ready()
+    try:
+        url = f"{srv.base_url}/v1/models"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer nope"}).json()["error"]["code"] == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert httpx.get(f"{srv.base_url}/health").status_code == 200  # not a /v1 route
+    finally:
+        srv.stop()
+
+
+def test_engine_death_is_reported_not_hung(tmp_path):
+    srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", log=tmp_path / "log").wait_ready()
+    try:
+        [engine_pid] = srv.engine_pids()
+        os.kill(engine_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{srv.base_url}/health").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert httpx.get(f"{srv.base_url}/health").status_code == 503
+        r = httpx.post(f"{srv.base_url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["message"]
+    finally:
+        srv.stop()

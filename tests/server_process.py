@@ -1,0 +1,86 @@
+"""Start the real server (``atom serve``) in a subprocess for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port(span: int = 1) -> int:
+    """A port p with p .. p + span - 1 all free on 127.0.0.1."""
+    for _ in range(200):
+        p = random.randint(20000, 60000)
+        socks = []
+        try:
+            for q in range(p, p + span):
+                s = socket.socket()
+                s.bind(("127.0.0.1", q))
+                socks.append(s)
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port")
+
+
+class ServerProcess:
+    def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None) -> None:
+        self.port = free_port()
+        engine_port = free_port(2)
+        args = [sys.executable, "-m", "atom_core.entrypoints.openai_server", "--host", "127.0.0.1",
+                "--server-port", str(self.port), "--port", str(engine_port),
+                "--disable-uvicorn-access-log", *extra]
+        if model is not None:
+            args += ["--model", str(model)]
+        self.log_path = log
+        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
+        self._out = out
+        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 300.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"server not ready after {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-4000:] if self.log_path else ""
+
+    def engine_pids(self) -> list[int]:
+        """Children of the server running multiprocessing's spawn_main (the engine process)."""
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        pids = []
+        for pid in map(int, out.split()):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            if b"spawn_main" in cmdline:
+                pids.append(pid)
+        return pids
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self._out is not subprocess.DEVNULL:
+            self._out.close()
