@@ -112,8 +112,9 @@ async def stream_deltas(
 
     async def pump(i: int, job: EngineJob) -> None:
         nonlocal running
-        it = _generate(engine, job)
+        it = None
         try:
+            it = _generate(engine, job)  # inside: a refusal here must not hang the reader
             async for delta in it:
                 if i in pending:
                     pending[i].merge(delta)
@@ -125,7 +126,8 @@ async def stream_deltas(
         finally:
             running -= 1
             ready.set()
-            await _close(it)
+            if it is not None:
+                await _close(it)
 
     # Plain tasks, not a task group: cleanup must run even while the reader's scope is
     # being cancelled (a disconnect), and anyio re-cancels every await inside it.

@@ -443,6 +443,16 @@ def test_an_engine_refusal_keeps_its_status():
     assert events[-2]["error"]["code"] == 400 and events[-1] == "[DONE]"
 
 
+def test_a_generate_that_raises_before_iterating_fails_every_choice_count():
+    class Refusing(FakeEngineClient):
+        def generate(self, prompt_token_ids, params, request_id):  # not a generator
+            raise InvalidRequestError("no room", param="max_tokens")
+
+    for n in (1, 3):
+        r = post(Refusing(), "/v1/chat/completions", {"messages": USER, "n": n})
+        assert_error(r, 400, "max_tokens")
+
+
 def test_an_unexpected_exception_is_a_500_in_the_same_shape_without_internals():
     engine = FakeEngineClient(raises=RuntimeError("secret internal detail"))
     err = assert_error(
