@@ -78,6 +78,10 @@ class BlockManager:
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
+    def reset_prefix_cache_stats(self) -> None:
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
     # ---- prefix matching -------------------------------------------------------------
 
     def _match_prefix(self, seq: Sequence) -> list[int]:

@@ -106,6 +106,7 @@ def run_engine_core(config: Config, in_addr: str, out_addr: str, log_level: int 
     parent = os.getppid()
     try:
         engine = LLMEngine(config=config, detokenize=False)
+        engine.warmup()
     except Exception as exc:  # report why, so the frontend can say it instead of hanging
         logger.exception("engine failed to start")
         push.send(encoder.encode(EngineFailed(f"{type(exc).__name__}: {exc}")))

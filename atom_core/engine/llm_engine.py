@@ -228,6 +228,13 @@ class LLMEngine:
         self.scheduler.abort(request_id)
         return True
 
+    def warmup(self) -> None:
+        """One short prefill and decode, so the first real request does not pay for kernel
+        selection and allocator growth."""
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        self.generate([[0] * min(32, self.max_model_len - 4)], params)
+        self.block_manager.reset_prefix_cache_stats()
+
     def start_profile(self) -> None:
         """Start the torch profiler (needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR)."""
         self.profiler.start()

@@ -6,7 +6,9 @@ the frontend when a request finishes; frame gaps are timed where SSE frames leav
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +20,7 @@ from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
 logger = logging.getLogger(__name__)
 
 SILENCE_LOG_S = 30.0
+_ID = re.compile(rb'"id":\s*"([^"]+)"')
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 
@@ -94,13 +97,18 @@ class ServerMetrics:
         """Pass SSE frames through, timing the gap before each one after the first."""
         key = id(frames)
         try:
-            async for frame in frames:
-                now = time.monotonic()
-                last = self._last_frame.get(key)
-                if last is not None and now - last[1] > SILENCE_LOG_S:
-                    logger.warning("stream %s was silent for %.1f s before this frame", request_id, now - last[1])
-                self._last_frame[key] = (request_id, now)
-                yield frame
+            async with contextlib.aclosing(frames):  # closing us closes the handler's stream
+                async for frame in frames:
+                    now = time.monotonic()
+                    if key not in self._last_frame:
+                        m = _ID.search(frame)  # name the request in the silence log line
+                        request_id = m.group(1).decode() if m else request_id
+                    last = self._last_frame.get(key)
+                    if last is not None and now - last[1] > SILENCE_LOG_S:
+                        logger.warning("stream %s was silent for %.1f s before this frame",
+                                       request_id, now - last[1])
+                    self._last_frame[key] = (request_id, now)
+                    yield frame
         finally:
             self._last_frame.pop(key, None)
 
