@@ -1,8 +1,9 @@
-"""Registers the native torch attention backend: lowest priority, every device."""
+"""Registers the native torch attention backends (MHA/GQA and MLA): lowest priority, every device."""
 
 from __future__ import annotations
 
 from atom_core.hookspecs import hookimpl
+from atom_core.layers.attention.mla_native import NativeMLABackend
 from atom_core.layers.attention.native import NativeAttentionBackend
 
 
@@ -10,4 +11,7 @@ from atom_core.layers.attention.native import NativeAttentionBackend
 def register_attention_backends(register):
     register(
         "native", NativeAttentionBackend, device_kinds=("cpu", "cuda", "hip"), kind="mha", priority=0
+    )
+    register(
+        "native_mla", NativeMLABackend, device_kinds=("cpu", "cuda", "hip"), kind="mla", priority=0
     )

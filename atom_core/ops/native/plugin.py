@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul
+from atom_core.ops.native.moe import fused_moe
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.native.rotary import rotary_embedding
 
@@ -12,6 +13,7 @@ NATIVE_OPS = {
     "fused_add_rms_norm": fused_add_rms_norm,
     "silu_and_mul": silu_and_mul,
     "rotary_embedding": rotary_embedding,
+    "fused_moe": fused_moe,
 }
 
 

@@ -1,0 +1,234 @@
+"""Mixture-of-experts: the router (``TopKRouter``, HF's ``gate``) and the routed experts
+(``FusedMoE``, HF's ``experts``) over the registry's ``fused_moe`` op.
+
+Models compose them: ``weights, ids = gate(x); out = experts(x, weights, ids)``, plus a
+shared-expert MLP where the architecture has one. The shared expert stays a separate MLP
+added to the routed output: folding it into the routed GEMM as an always-chosen expert is
+a GPU-kernel layout concern (one grouped GEMM instead of two launches) and changes nothing
+on CPU, so the native path keeps them apart.
+
+``load_hf_moe_weights`` is ``load_hf_weights`` that also understands per-expert checkpoint
+tensors (``...experts.<e>.gate_proj.weight`` etc.) and transformers' stacked
+``...experts.gate_up_proj`` / ``...experts.down_proj``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atom_core.layers.context import get_build_context
+from atom_core.layers.linear import default_weight_loader, tp_rank_and_size
+from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
+from atom_core.ops import resolve_op
+
+
+def select_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    scoring_func: str = "softmax",
+    renormalize: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [T, k] fp32, topk_ids [T, k] int64) from router logits [T, E].
+
+    Scores are softmax or sigmoid of the fp32 logits. ``e_score_correction_bias``
+    (DeepSeek-V3's aux-loss-free balancing) shifts the scores used to *choose* experts,
+    not the weights. With ``num_expert_group``, experts form that many equal groups and
+    only the ``topk_group`` best groups may be chosen from; a group's score is its best
+    expert's (DeepSeek-V2 ``group_limited_greedy``), or the sum of its best two when a
+    correction bias is given (V3 ``noaux_tc``). Weights are then optionally renormalised
+    to sum to one and multiplied by ``routed_scaling_factor``.
+    """
+    logits = router_logits.float()
+    if scoring_func == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif scoring_func == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise ValueError(f"MoE scoring function {scoring_func!r} is not supported")
+    choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float()
+    if num_expert_group is not None and num_expert_group > 1:
+        num_tokens, num_experts = choice.shape
+        grouped = choice.view(num_tokens, num_expert_group, num_experts // num_expert_group)
+        if e_score_correction_bias is None:
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=topk_group or 1, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
+        expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    topk_ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if routed_scaling_factor != 1.0:
+        topk_weights = topk_weights * routed_scaling_factor
+    return topk_weights, topk_ids
+
+
+class TopKRouter(nn.Module):
+    """The gate: fp32 logits ``x @ weight.T`` (weight kept in fp32 whatever the model's dtype,
+    as the reference implementations keep it), then ``select_experts``."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        scoring_func: str = "softmax",
+        renormalize: bool = False,
+        num_expert_group: int | None = None,
+        topk_group: int | None = None,
+        correction_bias: bool = False,
+        routed_scaling_factor: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if num_expert_group is not None and num_experts % num_expert_group:
+            raise ValueError(f"{num_experts} experts do not split into {num_expert_group} groups")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.scoring_func = scoring_func
+        self.renormalize = renormalize
+        self.num_expert_group = num_expert_group
+        self.topk_group = topk_group
+        self.routed_scaling_factor = routed_scaling_factor
+        self.weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False
+        )
+        if correction_bias:
+            self.e_score_correction_bias = nn.Parameter(
+                torch.zeros(num_experts, dtype=torch.float32), requires_grad=False
+            )
+        else:
+            self.register_parameter("e_score_correction_bias", None)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.float(), self.weight)
+        return select_experts(
+            logits, self.top_k, self.scoring_func, self.renormalize, self.num_expert_group,
+            self.topk_group, self.e_score_correction_bias, self.routed_scaling_factor,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"experts={self.num_experts}, top_k={self.top_k}, scoring={self.scoring_func}, "
+            f"groups={self.num_expert_group}/{self.topk_group}, renormalize={self.renormalize}"
+        )
+
+
+# Checkpoint projection name -> FusedMoE shard: w1 = gate, w3 = up (the two halves of w13),
+# w2 = down. HF names (gate_proj/up_proj/down_proj) and Mixtral's (w1/w3/w2) both occur.
+EXPERT_SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
+_PER_EXPERT = re.compile(
+    r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+)
+_STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+
+
+class FusedMoE(nn.Module):
+    """The routed experts' weights, stacked: ``w13_weight`` [E, 2I, H] (gate rows, then up
+    rows) and ``w2_weight`` [E, H, I]; ``forward(x, topk_weights, topk_ids)`` runs the
+    ``fused_moe`` op. With tensor parallelism each rank holds a slice of I (the partial
+    sums are all-reduced once TP lands, as for RowParallelLinear)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank_and_size()
+        if intermediate_size % self.tp_size:
+            raise ValueError(f"{intermediate_size} is not divisible by tensor parallel size {self.tp_size}")
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size // self.tp_size
+        inter = self.intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+        self._op = resolve_op("fused_moe", get_build_context().device)
+
+    def weight_loader(
+        self,
+        param: nn.Parameter,
+        loaded_weight: torch.Tensor,
+        shard_id: str | None = None,
+        expert_id: int | None = None,
+    ) -> None:
+        """One expert's ``w1`` (gate [I, H]), ``w3`` (up [I, H]) or ``w2`` (down [H, I]); or,
+        with ``expert_id`` None, the whole stacked tensor ([E, 2I, H] or [E, H, I])."""
+        inter, rank = self.intermediate_size, self.tp_rank
+        if expert_id is None:
+            if param is self.w13_weight:  # [E, 2I, H]: slice each half for this rank
+                gate, up = loaded_weight.chunk(2, dim=1)
+                loaded_weight = torch.cat(
+                    (gate.narrow(1, rank * inter, inter), up.narrow(1, rank * inter, inter)), dim=1
+                )
+            else:
+                loaded_weight = loaded_weight.narrow(2, rank * inter, inter)
+            return default_weight_loader(param, loaded_weight)
+        target = param.data[expert_id]
+        if shard_id == "w2":
+            default_weight_loader(target, loaded_weight.narrow(1, rank * inter, inter))
+        elif shard_id in ("w1", "w3"):
+            half = target.narrow(0, 0 if shard_id == "w1" else inter, inter)
+            default_weight_loader(half, loaded_weight.narrow(0, rank * inter, inter))
+        else:
+            raise ValueError(f"FusedMoE shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}")
+
+    def forward(
+        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return self._op(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, hidden={self.hidden_size}, inter={self.intermediate_size}"
+
+
+def load_hf_moe_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params: Iterable[tuple[str, str, str | int]] = STACKED_PARAMS,
+    skip: tuple[str, ...] = ("rotary_emb.inv_freq",),
+) -> set[str]:
+    """``load_hf_weights``, with expert tensors routed into their FusedMoE's stacked
+    parameters. A stacked parameter counts as loaded once every expert's every part is."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    parts: dict[str, set[tuple[int, str]]] = {}
+
+    def non_expert() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            m = _PER_EXPERT.match(name)
+            if m is not None:
+                shard = EXPERT_SHARDS[m["proj"]]
+                target = f"{m['prefix']}.{'w2_weight' if shard == 'w2' else 'w13_weight'}"
+                param = params.get(target)
+                if param is None:
+                    yield name, tensor  # load_hf_weights names the unknown tensor
+                    continue
+                param.weight_loader(param, tensor, shard, int(m["expert"]))
+                got = parts.setdefault(target, set())
+                got.add((int(m["expert"]), shard))
+                if len(got) == param.shape[0] * (1 if shard == "w2" else 2):
+                    loaded.add(target)
+                continue
+            m = _STACKED.match(name)
+            if m is not None:
+                target = f"{m['prefix']}.{'w2_weight' if m['proj'] == 'down_proj' else 'w13_weight'}"
+                if target in params:
+                    params[target].weight_loader(params[target], tensor)
+                    loaded.add(target)
+                    continue
+            yield name, tensor
+
+    loaded |= load_hf_weights(model, non_expert(), stacked_params, skip)
+    return loaded
