@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from atom_core import __version__
-from atom_core.entrypoints import generate_cmd, parse_cmd
+from atom_core.entrypoints import bench_cmd, generate_cmd, parse_cmd
 from atom_core.errors import AtomError
 
 
@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_serve)
     generate_cmd.add_parser(sub)
     parse_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     return parser
 
 

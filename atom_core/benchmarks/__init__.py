@@ -1,0 +1,1 @@
+"""The serving benchmark client (``atom bench serve``) and its test double."""

@@ -1,0 +1,265 @@
+"""Benchmark an OpenAI-compatible (or TGI/TRT-LLM/MII) server's online serving performance.
+
+    atom bench serve --model PATH --base-url http://localhost:8000 \\
+        --dataset-name random --random-input-len 1024 --random-output-len 128 \\
+        --num-prompts 1000 --request-rate inf --ignore-eos
+    python -m atom_core.benchmarks.benchmark_serving ...   (the same flags)
+
+Adapted from vLLM's benchmark_serving: same flags, same timing, same printed block, plus
+"Concurrency:" and "ITL/TPOT (merge factor):". One process drives thousands of concurrent
+streams: one pooled aiohttp session, no per-request connector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import math
+import os
+import resource
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from atom_core.benchmarks.arrivals import arrival_intervals, paced
+from atom_core.benchmarks.backend_request_func import (
+    ASYNC_REQUEST_FUNCS,
+    RequestFuncInput,
+    RequestFuncOutput,
+    get_json,
+    make_session,
+    post_control,
+    set_session,
+)
+from atom_core.benchmarks.cli_args import add_cli_args
+from atom_core.benchmarks.datasets import SampleRequest, get_samples
+from atom_core.benchmarks.metrics import (
+    calculate_metrics,
+    format_result,
+    parse_goodput,
+    result_dict,
+)
+from atom_core.benchmarks.tokenizer import get_tokenizer
+
+DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "tgi": "/generate_stream",
+                     "tensorrt-llm": "/generate_stream"}
+
+
+def raise_fd_limit() -> None:
+    """Every stream in flight is a socket: lift the soft open-file limit (often 1024) to the
+    hard one, or a few thousand concurrent requests fail with EMFILE on the client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+
+
+async def spec_decode_stats(base_url: str) -> tuple[float | None, float | None]:
+    """(accept length, acceptance rate) from GET /debug/mtp_stats; (None, None) when the
+    server has no such endpoint or speculative decoding is off."""
+    stats = await get_json(f"{base_url}/debug/mtp_stats")
+    if not isinstance(stats, dict) or not stats.get("enabled", True):
+        return None, None
+    length, rate = stats.get("average_tokens_per_forward"), stats.get("acceptance_rate")
+    return (float(length) if length is not None else None, float(rate) if rate is not None else None)
+
+
+def _request_input(s: SampleRequest, backend: str, api_url: str, model_id: str, model_name: str | None,
+                   logprobs: int | None, best_of: int, ignore_eos: bool) -> RequestFuncInput:
+    # openai-chat servers apply the chat template themselves: send the bare prompt.
+    prompt = s.raw_prompt if backend == "openai-chat" and s.raw_prompt is not None else s.prompt
+    return RequestFuncInput(prompt=prompt, api_url=api_url, prompt_len=s.prompt_len,
+                            output_len=s.expected_output_len, model=model_id, model_name=model_name,
+                            logprobs=logprobs, best_of=best_of, ignore_eos=ignore_eos)
+
+
+async def benchmark(
+    *,
+    backend: str,
+    api_url: str,
+    base_url: str,
+    model_id: str,
+    model_name: str | None,
+    requests: list[SampleRequest],
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    logprobs: int | None = None,
+    best_of: int = 1,
+    ignore_eos: bool = False,
+    num_warmups: int = 0,
+    profile: bool = False,
+    disable_tqdm: bool = False,
+    selected_percentile_metrics: list[str] | None = None,
+    selected_percentiles: list[float] | None = None,
+    goodput: dict[str, float] | None = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Send ``requests`` at the given arrival process; print the result block; return it as a dict."""
+    if backend not in ASYNC_REQUEST_FUNCS:
+        raise ValueError(f"unknown backend {backend!r}")
+    request_func = ASYNC_REQUEST_FUNCS[backend]
+    selected_metrics = selected_percentile_metrics or ["ttft", "tpot", "itl"]
+    percentiles = selected_percentiles or [99.0]
+    inputs = [_request_input(s, backend, api_url, model_id, model_name, logprobs, best_of, ignore_eos)
+              for s in requests]
+    session = make_session(limit=max_concurrency or 0)
+    set_session(session)
+    semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def limited(rfi: RequestFuncInput, pbar: Any) -> RequestFuncOutput:
+        if semaphore is None:
+            return await request_func(request_func_input=rfi, pbar=pbar)
+        async with semaphore:
+            return await request_func(request_func_input=rfi, pbar=pbar)
+
+    try:
+        if num_warmups > 0:
+            print(f"Warming up with {num_warmups} requests...")
+            await asyncio.gather(*(limited(inputs[0], None) for _ in range(num_warmups)))
+            print("Warmup completed.")
+        if profile:
+            print("Starting profiler...")
+            ok, msg = await post_control(f"{base_url}/start_profile")
+            print("Profiler started" if ok else f"Profiler failed to start: {msg}")
+
+        distribution = "Poisson process" if burstiness == 1.0 else "Gamma distribution"
+        print(f"Traffic request rate: {request_rate}")
+        print(f"Burstiness factor: {burstiness} ({distribution})")
+        print(f"Maximum request concurrency: {max_concurrency}")
+        intervals = arrival_intervals(len(inputs), request_rate, burstiness, seed)
+        pbar = tqdm(total=len(inputs), disable=disable_tqdm)
+        start = time.perf_counter()
+        dispatch: list[float] = []
+        tasks = []
+        async for _, rfi in paced(inputs, intervals):
+            dispatch.append(time.perf_counter() - start)
+            tasks.append(asyncio.create_task(limited(rfi, pbar)))
+        outputs: list[RequestFuncOutput] = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        pbar.close()
+
+        if profile:
+            print("Stopping profiler...")
+            ok, msg = await post_control(f"{base_url}/stop_profile")
+            print("Profiler stopped" if ok else f"Profiler failed to stop: {msg}")
+        accept_length, acceptance_rate = await spec_decode_stats(base_url)
+    finally:
+        set_session(None)
+        await session.close()
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None else 0
+
+    metrics, records = calculate_metrics(outputs, duration, percentiles, goodput,
+                                         count_tokens if tokenizer is not None else None)
+    print("\n".join(format_result(metrics, selected_metrics, goodput, accept_length, acceptance_rate)))
+    result = result_dict(metrics, records, selected_metrics, goodput)
+    sent = [o.start_time - start for o in outputs]
+    result.update(
+        accept_length=accept_length,
+        acceptance_rate=acceptance_rate,
+        tokenizer_input_lens=[s.prompt_len for s in requests],
+        server_input_lens=[o.server_prompt_tokens for o in outputs],
+        # When each request was due by the arrival process, and when it was actually sent
+        # (later under --max-concurrency); both in seconds from the start of the run.
+        dispatch_times=dispatch,
+        start_times=sent,
+        inter_arrival_times=np.diff(dispatch).tolist(),
+        generated_texts=[o.generated_text for o in outputs],
+        errors=[o.error for o in outputs],
+    )
+    return result
+
+
+def _percentiles(spec: str) -> list[float]:
+    values = [float(p) for p in spec.split(",") if p.strip()]
+    if not values or any(not 0 <= p <= 100 for p in values):
+        raise ValueError(f"--metric-percentiles must be numbers in [0, 100], got {spec!r}")
+    return values
+
+
+def _percentile_metrics(spec: str) -> list[str]:
+    names = [m.strip() for m in spec.split(",") if m.strip()]
+    bad = [m for m in names if m not in ("ttft", "tpot", "itl", "e2el")]
+    if bad:
+        raise ValueError(f"--percentile-metrics: unknown {', '.join(bad)} (ttft, tpot, itl, e2el)")
+    return names
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``atom bench serve`` does: sample, run, print, and save if asked."""
+    raise_fd_limit()
+    print(args)
+    endpoint = args.endpoint or DEFAULT_ENDPOINTS.get(args.backend, "/v1/completions")
+    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    api_url = f"{base_url}{endpoint}"
+    tokenizer_id = args.tokenizer or args.model
+    goodput = parse_goodput(args.goodput)
+    percentiles, metrics = _percentiles(args.metric_percentiles), _percentile_metrics(args.percentile_metrics)
+    tokenizer = get_tokenizer(tokenizer_id, trust_remote_code=args.trust_remote_code)
+    requests = get_samples(args, tokenizer)
+
+    gc.collect()
+    gc.freeze()  # the prompts are static: keep the collector from re-scanning them mid-run
+    result = asyncio.run(benchmark(
+        backend=args.backend, api_url=api_url, base_url=base_url, model_id=args.model,
+        model_name=args.served_model_name, requests=requests, request_rate=args.request_rate,
+        burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
+        logprobs=args.logprobs, best_of=args.best_of, ignore_eos=args.ignore_eos,
+        num_warmups=args.num_warmups, profile=args.profile, disable_tqdm=args.disable_tqdm,
+        selected_percentile_metrics=metrics, selected_percentiles=percentiles, goodput=goodput,
+        tokenizer=tokenizer,
+    ))
+    gc.unfreeze()
+    if args.save_result:
+        save_result(args, result, tokenizer_id)
+    return result
+
+
+def save_result(args: argparse.Namespace, result: dict[str, Any], tokenizer_id: str) -> str:
+    now = datetime.now().strftime("%Y%m%d-%H%M%S")
+    header: dict[str, Any] = {
+        "date": now, "backend": args.backend, "model_id": args.model, "tokenizer_id": tokenizer_id,
+        "best_of": args.best_of, "num_prompts": args.num_prompts, "dataset_name": args.dataset_name,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
+    }
+    for item in args.metadata or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"invalid --metadata {item!r}: use KEY=VALUE")
+        header[key.strip()] = value.strip()
+    concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
+    name = args.result_filename or (
+        f"{args.backend}-{args.request_rate}qps{concurrency}-{os.path.basename(args.model.rstrip('/'))}-{now}.json"
+    )
+    path = os.path.join(args.result_dir, name) if args.result_dir else name
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**header, **result}, f)
+    print(f"Results saved to {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="atom bench serve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    args = add_cli_args(parser).parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
