@@ -142,8 +142,31 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     tools: list[dict[str, Any]] | None = None  # passed to the chat template
-    tool_choice: str | dict[str, Any] | None = None  # stored; tool-call parsing reads it
+    tool_choice: str | dict[str, Any] | None = None  # the reader's ToolPolicy; "none" without tools
     chat_template_kwargs: dict[str, Any] | None = None
+    # The thinking switch in the spellings clients send: Qwen/DashScope's top-level
+    # enable_thinking, and {"type": "enabled" | "disabled"} (Anthropic, DeepSeek, Kimi).
+    # Answered in the prompt through the template's own switch (serving_chat).
+    enable_thinking: bool | None = None
+    thinking: bool | dict[str, Any] | None = None
+
+    @field_validator("thinking", mode="before")
+    @classmethod
+    def _thinking_shape(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("type") not in ("enabled", "disabled"):
+            raise ValueError('thinking must be {"type": "enabled"} or {"type": "disabled"}')
+        return v
+
+    @property
+    def thinking_requested(self) -> bool | None:
+        """True/False when the client switched thinking on/off, None to leave the model's
+        default alone. {"type": "disabled"} is a non-empty object, so it is read, not tested
+        for truth."""
+        if isinstance(self.thinking, dict):
+            return self.thinking["type"] == "enabled"
+        if self.thinking is not None:
+            return self.thinking
+        return self.enable_thinking
 
     @model_validator(mode="before")
     @classmethod
@@ -259,9 +282,21 @@ class ChatLogprobs(msgspec.Struct, kw_only=True):
     content: list[ChatTokenLogprob] | None
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ChatToolCall(msgspec.Struct, kw_only=True, tag_field="type", tag="function"):
+    id: str
+    function: FunctionCall
+
+
 class ChatMessageOut(msgspec.Struct, kw_only=True):
     role: str = "assistant"
     content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ChatToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -282,9 +317,25 @@ class ChatCompletionResponse(
     usage: UsageInfo
 
 
+class FunctionDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ChatToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A streamed call: first index, id, type and name (arguments ""), then its arguments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
+
+
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ChatToolCallDelta] | None = None
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

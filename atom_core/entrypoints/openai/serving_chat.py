@@ -1,23 +1,35 @@
-"""POST /v1/chat/completions: render the chat template, then run it as a completion.
+"""POST /v1/chat/completions: render the chat template, run it as a completion, and read
+the reply with the model's ResponseParser.
 
 The request plumbing (model check, context check, fan-in of n choices, aborting on a
 dropped response, usage) is shared with /v1/completions and lives in serving_completion.
-Tool calls and reasoning are not parsed here yet: ``tools`` reaches the template and the
-model's reply comes back as content.
+Every reply goes through one ResponseReader per choice: streamed, it is fed each engine
+delta; not streamed, it is fed the whole text once (``ResponseParser.read_whole``). There
+is no second reader, so the two modes agree byte for byte on content, reasoning_content
+and tool calls. /v1/messages (serving_messages) renders through the same ``render_prompt``
+and answers its thinking switch through the same ``thinking``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from atom_core.engine.sequence import Logprob
+from atom_core.entrypoints.openai.chat_encoders import (
+    ChatEncoder,
+    JinjaChatEncoder,
+    PythonChatEncoder,
+    load_chat_encoder,
+)
 from atom_core.entrypoints.openai.client_api import EngineClientAPI
 from atom_core.entrypoints.openai.protocol import (
     ChatChoice,
@@ -30,6 +42,10 @@ from atom_core.entrypoints.openai.protocol import (
     ChatMessage,
     ChatMessageOut,
     ChatTokenLogprob,
+    ChatToolCall,
+    ChatToolCallDelta,
+    FunctionCall,
+    FunctionDelta,
     TopLogprob,
     now,
     random_id,
@@ -47,7 +63,21 @@ from atom_core.entrypoints.openai.serving_completion import (
     usage_of,
 )
 from atom_core.entrypoints.openai.sse import DONE_FRAME, data_frame, json_response, sse_response
-from atom_core.errors import EngineDeadError, InvalidRequestError
+from atom_core.entrypoints.openai.tool_parser.events import (
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolCallArguments,
+    ToolCallStart,
+)
+from atom_core.entrypoints.openai.tool_parser.policy import ToolPolicy
+from atom_core.entrypoints.openai.tool_parser.response import (
+    ParsedResponse,
+    ResponseParser,
+    ResponseReader,
+)
+from atom_core.entrypoints.openai.tool_parser.stream import new_call_id
+from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
@@ -98,49 +128,175 @@ def _arguments_as_object(call: Any) -> None:
             function["arguments"] = arguments
 
 
-class OpenAIServingChat:
-    """``await OpenAIServingChat(engine).create(request, raw_request)``."""
+def chat_encoder_for(engine: EngineClientAPI, model_path: str | Path | None = None) -> ChatEncoder | None:
+    """What the start-up probes read and what a model-side encoder renders with: the
+    model's own ``<model>/encoding/encoding_*.py`` when it ships one, else the Jinja
+    template the handler renders (the GGUF's or the tokenizer's); None without either."""
+    if model_path is not None and any((Path(model_path) / "encoding").glob("encoding_*.py")):
+        return load_chat_encoder(model_path)
+    template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return None
+    special = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        value = getattr(engine.tokenizer, key, None)
+        if isinstance(value, str):
+            special[key] = value
+    try:
+        return JinjaChatEncoder(template, special)
+    except ConfigError as exc:  # transformers may still render it; only detection is lost
+        logger.warning("chat template not readable for tool-format detection: %s", exc)
+        return None
 
-    def __init__(self, engine: EngineClientAPI, model_aliases: Iterable[str] | None = None) -> None:
+
+def effective_tool_choice(
+    tools: Sequence[Any] | None, tool_choice: str | Mapping[str, Any] | None
+) -> str | Mapping[str, Any] | None:
+    """A request that declares no tools reads as tool_choice "none": its markup is still
+    read (a format's framing must not leak) but nothing is dispatched. Requiring a call
+    without declaring any tool is refused."""
+    if tools:
+        return tool_choice
+    if tool_choice in (None, "auto", "none") or (
+        isinstance(tool_choice, Mapping) and tool_choice.get("type") in ("auto", "none")
+    ):
+        return "none"
+    raise InvalidRequestError("tool_choice requires a call but the request declares no tools",
+                              param="tool_choice")
+
+
+@dataclass(frozen=True)
+class ReplyReading:
+    """How one request's replies are read: ``ResponseParser.reader``'s arguments, and
+    whether reasoning reaches the client. ``build`` checks tools and tool_choice, so a bad
+    one is a 400 before any frame goes out."""
+
+    parser: ResponseParser
+    prompt: str
+    tools: Sequence[Any] | None
+    tool_choice: str | Mapping[str, Any] | None
+    show_reasoning: bool = True
+    make_id: Callable[[], str] = new_call_id
+
+    @classmethod
+    def build(cls, parser: ResponseParser, prompt: str, tools: Sequence[Any] | None,
+              tool_choice: str | Mapping[str, Any] | None, **kw: Any) -> ReplyReading:
+        choice = effective_tool_choice(tools, tool_choice)
+        ToolPolicy.from_request(tools, choice)  # raises InvalidRequestError
+        return cls(parser, prompt, tools, choice, **kw)
+
+    def reader(self) -> ResponseReader:
+        """Streaming: one per choice."""
+        return self.parser.reader(prompt=self.prompt, tools=self.tools,
+                                  tool_choice=self.tool_choice, make_id=self.make_id)
+
+    def whole(self, text: str, finish_reason: str) -> ParsedResponse:
+        """Not streaming: the same reader fed the whole text once."""
+        return self.parser.read_whole(text, finish_reason, prompt=self.prompt, tools=self.tools,
+                                      tool_choice=self.tool_choice, make_id=self.make_id)
+
+
+def _delta_of(event: Event) -> ChatDelta:
+    """One reader event as a chat delta (the caller drops reasoning it withholds)."""
+    if isinstance(event, ContentDelta):
+        return ChatDelta(content=event.text)
+    if isinstance(event, ReasoningDelta):
+        return ChatDelta(reasoning_content=event.text)
+    if isinstance(event, ToolCallStart):
+        function = FunctionDelta(name=event.name, arguments="")
+        call = ChatToolCallDelta(index=event.index, id=event.id, type="function", function=function)
+        return ChatDelta(tool_calls=[call])
+    assert isinstance(event, ToolCallArguments)
+    call = ChatToolCallDelta(index=event.index, function=FunctionDelta(arguments=event.arguments))
+    return ChatDelta(tool_calls=[call])
+
+
+class OpenAIServingChat:
+    """``await OpenAIServingChat(engine).create(request, raw_request)``.
+
+    ``parser`` is the model's ResponseParser, resolved once at start-up (openai_server);
+    without one it is resolved here from the engine's chat template with ``auto``.
+    ``encoder`` is the ChatEncoder it was resolved from: a model-side Python encoder also
+    renders the prompts (transformers cannot), a Jinja one is only read."""
+
+    def __init__(
+        self,
+        engine: EngineClientAPI,
+        model_aliases: Iterable[str] | None = None,
+        *,
+        parser: ResponseParser | None = None,
+        encoder: ChatEncoder | None = None,
+    ) -> None:
         self.engine = engine
         self.names = served_names(engine, model_aliases)
         self.texts = TokenTexts(engine.tokenizer)
+        if parser is None:
+            encoder = encoder or chat_encoder_for(engine)
+            parser = ResponseParser.resolve(encoder)
+        self.parser = parser
+        self.encoder = encoder
         # OpenAI's "developer" role replaced "system"; a template that never mentions it
         # would drop such a message silently (Qwen's does), so it is sent as "system".
         template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
+        if isinstance(encoder, PythonChatEncoder):
+            template = encoder.source
         self._developer_role = "developer" if "developer" in str(template) else "system"
 
     async def create(
         self, request: ChatCompletionRequest, raw_request: Request | None = None
     ) -> Response:
         check_model(request.model, self.names)
-        prompt_ids = self.render(request)
+        prompt, prompt_ids, show_reasoning = self.render(request)
         check_prompt_len(self.engine, len(prompt_ids), "messages")
+        reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
+                                     show_reasoning=show_reasoning)
         params = request.to_sampling_params(self.engine.max_model_len - len(prompt_ids))
         rid = random_id("chatcmpl")
         jobs = [
             EngineJob(prompt_ids, choice_params(params, i), f"{rid}-{i}") for i in range(request.n)
         ]
         if request.stream:
-            return sse_response(self._stream(request, rid, jobs, len(prompt_ids)))
-        return await self._full(request, rid, jobs, len(prompt_ids))
+            return sse_response(self._stream(request, rid, jobs, len(prompt_ids), reading))
+        return await self._full(request, rid, jobs, len(prompt_ids), reading)
 
-    def render(self, request: ChatCompletionRequest) -> list[int]:
-        """The prompt's token ids: the chat template's text, tokenized without adding
-        special tokens (the template already wrote them)."""
-        tokenizer = self.engine.tokenizer
+    def thinking(self, enabled: bool | None) -> tuple[dict[str, Any], bool]:
+        """The template kwargs answering a client's thinking switch, and whether reasoning
+        reaches the client. It is answered in the prompt, through the switch resolved at
+        start-up. A template with no switch cannot prevent reasoning, so "off" is answered
+        the only way left: still separated, then withheld. None (not asked) leaves the
+        model's default alone at both layers."""
+        if enabled is None:
+            return {}, True
+        switch = self.parser.thinking_switch
+        if switch is None:
+            return {}, enabled
+        return switch.kwargs(enabled), True
+
+    def render(self, request: ChatCompletionRequest) -> tuple[str, list[int], bool]:
+        """The prompt's text and token ids, and whether reasoning reaches the client.
+        A client's own chat_template_kwargs win over the thinking knobs."""
         messages = [self._message(m) for m in request.messages]
+        thinking_kwargs, show_reasoning = self.thinking(request.thinking_requested)
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, **thinking_kwargs}
         extra = request.chat_template_kwargs or {}
-        kwargs = {"add_generation_prompt": True}
         kwargs.update({k: v for k, v in extra.items() if k not in _RESERVED_KWARGS})
+        text, ids = self.render_prompt(messages, request.tools, kwargs)
+        return text, ids, show_reasoning
+
+    def render_prompt(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+    ) -> tuple[str, list[int]]:
+        """The chat template's text and its ids, tokenized without adding special tokens
+        (the template already wrote them)."""
+        tokenizer = self.engine.tokenizer
         try:
-            text = tokenizer.apply_chat_template(
-                messages,
-                chat_template=self.engine.chat_template,
-                tokenize=False,
-                tools=request.tools,
-                **kwargs,
-            )
+            if isinstance(self.encoder, PythonChatEncoder):
+                text = self.encoder.render(messages, tools=tools, **kwargs)
+            else:
+                text = tokenizer.apply_chat_template(
+                    messages, chat_template=self.engine.chat_template, tokenize=False,
+                    tools=tools, **kwargs,
+                )
         except Exception as exc:
             # The template rendered at start-up; what it refuses now is these messages
             # (raise_exception("roles must alternate"), a missing key, ...).
@@ -150,7 +306,7 @@ class OpenAIServingChat:
             ) from exc
         if not isinstance(text, str):
             raise InvalidRequestError("the chat template did not produce text", param="messages")
-        return tokenizer.encode(text, add_special_tokens=False)
+        return text, tokenizer.encode(text, add_special_tokens=False)
 
     def _message(self, message: ChatMessage) -> dict[str, Any]:
         out = message.model_dump(exclude_none=True)
@@ -162,7 +318,12 @@ class OpenAIServingChat:
         return out
 
     async def _full(
-        self, request: ChatCompletionRequest, rid: str, jobs: list[EngineJob], prompt_tokens: int
+        self,
+        request: ChatCompletionRequest,
+        rid: str,
+        jobs: list[EngineJob],
+        prompt_tokens: int,
+        reading: ReplyReading,
     ) -> Response:
         tallies = [ChoiceTally() for _ in jobs]
         async with aclosing(stream_deltas(self.engine, jobs)) as deltas:
@@ -171,18 +332,28 @@ class OpenAIServingChat:
                     raise EngineDeadError(delta.error)
                 tallies[i].add(delta)
         top_n = request.top_logprobs or 0
-        choices = [
-            ChatChoice(
-                index=i,
-                message=ChatMessageOut(content=tally.text),
-                logprobs=chat_logprobs(self.texts, tally.token_ids, tally.logprobs, top_n)
-                if request.logprobs
-                else None,
-                finish_reason=tally.finish_reason,
-                stop_reason=tally.stop_reason,
+        choices = []
+        for i, tally in enumerate(tallies):
+            parsed = reading.whole(tally.text, tally.finish_reason or "stop")
+            calls = [
+                ChatToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+                for c in parsed.tool_calls
+            ]
+            message = ChatMessageOut(
+                # OpenAI's shape: a reply that only calls tools has content null.
+                content=parsed.content if parsed.content or not calls else None,
+                reasoning_content=(parsed.reasoning_content or None) if reading.show_reasoning else None,
+                tool_calls=calls or None,
             )
-            for i, tally in enumerate(tallies)
-        ]
+            logprobs = None
+            if request.logprobs:
+                logprobs = chat_logprobs(self.texts, tally.token_ids, tally.logprobs, top_n)
+            choices.append(
+                ChatChoice(
+                    index=i, message=message, logprobs=logprobs,
+                    finish_reason=parsed.finish_reason, stop_reason=tally.stop_reason,
+                )
+            )
         response = ChatCompletionResponse(
             id=rid,
             created=now(),
@@ -193,38 +364,52 @@ class OpenAIServingChat:
         return json_response(response)
 
     async def _stream(
-        self, request: ChatCompletionRequest, rid: str, jobs: list[EngineJob], prompt_tokens: int
+        self,
+        request: ChatCompletionRequest,
+        rid: str,
+        jobs: list[EngineJob],
+        prompt_tokens: int,
+        reading: ReplyReading,
     ) -> AsyncIterator[bytes]:
         tallies = [ChoiceTally(keep=False) for _ in jobs]
+        readers = [reading.reader() for _ in jobs]
         created, model = now(), self.engine.model_name
         top_n = request.top_logprobs or 0
+
+        def frame(choice: ChatChunkChoice) -> bytes:
+            return data_frame(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
+
         try:
             async with aclosing(stream_deltas(self.engine, jobs)) as deltas:
                 async for i, delta in deltas:
                     if delta.error:
                         raise EngineDeadError(delta.error)
-                    tally = tallies[i]
+                    tally, reader = tallies[i], readers[i]
                     tally.add(delta)
-                    logprobs = None
+                    out: list[ChatChunkChoice] = []
+                    if not tally.started:  # the first frame names the role, as OpenAI's does
+                        tally.started = True
+                        out.append(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+                    events = reader.feed(delta.text)
+                    if delta.finished:
+                        events += reader.finish(delta.finish_reason or "stop")
+                    for event in events:
+                        if reading.show_reasoning or not isinstance(event, ReasoningDelta):
+                            out.append(ChatChunkChoice(index=i, delta=_delta_of(event)))
                     if request.logprobs and delta.token_ids:
+                        # A token's logprob goes out when it arrives, even while the
+                        # reader holds its text (so it rides on the frame it can).
                         logprobs = chat_logprobs(self.texts, delta.token_ids, delta.logprobs, top_n)
-                    first = not tally.started
-                    if not (first or delta.text or logprobs or delta.finished):
-                        continue
-                    tally.started = True
-                    # The first chunk of a choice names the role; the last has no content
-                    # of its own when the final delta brought none (OpenAI's `delta: {}`).
-                    content = delta.text if (first or delta.text) else None
-                    choice = ChatChunkChoice(
-                        index=i,
-                        delta=ChatDelta(role="assistant" if first else None, content=content),
-                        logprobs=logprobs,
-                        finish_reason=delta.finish_reason if delta.finished else None,
-                        stop_reason=delta.stop_reason if delta.finished else None,
-                    )
-                    yield data_frame(
-                        ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
-                    )
+                        if not out:
+                            out.append(ChatChunkChoice(index=i, delta=ChatDelta()))
+                        out[-1].logprobs = logprobs
+                    if delta.finished:
+                        out.append(ChatChunkChoice(
+                            index=i, delta=ChatDelta(), finish_reason=reader.result().finish_reason,
+                            stop_reason=delta.stop_reason,
+                        ))
+                    if out:  # one write per engine delta, however many frames it makes
+                        yield b"".join(frame(c) for c in out)
             if request.include_usage:
                 usage = usage_of(prompt_tokens, tallies)
                 yield data_frame(

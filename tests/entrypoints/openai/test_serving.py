@@ -198,7 +198,9 @@ def test_chat_non_streaming():
     assert isinstance(body["created"], int)
     [choice] = body["choices"]
     assert choice["index"] == 0 and choice["finish_reason"] == "stop" and choice["logprobs"] is None
-    assert choice["message"] == {"role": "assistant", "content": engine.reply}
+    assert choice["message"] == {
+        "role": "assistant", "content": engine.reply, "reasoning_content": None, "tool_calls": None
+    }
     usage = body["usage"]
     n_out = len(engine.tokenizer.encode(engine.reply))
     [(prompt_ids, params, rid)] = engine.calls
@@ -328,7 +330,10 @@ def test_chat_logprobs_shape():
     assert len(first["top_logprobs"]) == 2
     assert set(first["top_logprobs"][0]) == {"token", "logprob", "bytes"}
     events = sse_events(post(FakeEngineClient(), "/v1/chat/completions", {**body, "stream": True}))
-    streamed = [lp for e in events[:-1] for ch in e["choices"] for lp in ch["logprobs"]["content"]]
+    # The role frame and the finish frame carry none of their own.
+    streamed = [
+        lp for e in events[:-1] for ch in e["choices"] if ch["logprobs"] for lp in ch["logprobs"]["content"]
+    ]
     assert streamed == content
 
 
