@@ -33,10 +33,10 @@ def fused_moe(
     sorted_ids = flat_ids[order]
     token_of = order // top_k
     weight_of = topk_weights.reshape(-1)[order]
-    counts = torch.bincount(sorted_ids.clamp(0, num_experts), minlength=num_experts + 1)
+    start = int((sorted_ids < 0).sum())  # negative ids sort first and are skipped
+    counts = torch.bincount(sorted_ids[start:].clamp(max=num_experts), minlength=num_experts + 1)
     # Accumulate in fp32 so a bf16 model sums its k experts once, at the end.
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
-    start = int((sorted_ids < 0).sum())
     for expert, count in enumerate(counts[:num_experts].tolist()):
         if count == 0:
             continue
