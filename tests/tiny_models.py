@@ -5,7 +5,10 @@ generation_config.json and a byte-level tokenizer with a ChatML template), so th
 directory serves layer tests, loader tests and engine tests. It depends only on
 transformers/tokenizers, not on atom_core, so it is a fair reference.
 
-Kinds: "llama", "llama3" (llama3 rope scaling), "llama-tied" (tied embeddings), "qwen3".
+Kinds: "llama", "llama3" (llama3 rope scaling), "llama-tied" (tied embeddings), "qwen3",
+"qwen3_moe" (a dense layer among sparse ones), "deepseek_v2" (MLA without q_lora, grouped
+softmax routing, yarn rope with DeepSeek's mscale), "deepseek_v3" (MLA with q_lora, sigmoid
+routing with a random correction bias, groups, yarn).
 """
 
 from __future__ import annotations
@@ -59,7 +62,42 @@ def tiny_config(kind: str) -> Any:
         return LlamaConfig(**_COMMON, rope_scaling=rope)
     if kind == "qwen3":
         return Qwen3Config(**{**_COMMON, "num_hidden_layers": 3}, head_dim=32, rope_theta=1e6)
+    if kind in _MOE_KINDS:
+        return _moe_config(kind)
     raise ValueError(f"unknown tiny model kind {kind!r}")
+
+
+_MOE_KINDS = ("qwen3_moe", "deepseek_v2", "deepseek_v3")
+
+
+def _moe_config(kind: str) -> Any:
+    from transformers import DeepseekV2Config, DeepseekV3Config, Qwen3MoeConfig
+
+    if kind == "qwen3_moe":
+        return Qwen3MoeConfig(
+            **{**_COMMON, "num_hidden_layers": 3}, head_dim=32, rope_theta=1e6, num_experts=8,
+            num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[1],
+        )
+    mla = dict(
+        num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, moe_intermediate_size=32, first_k_dense_replace=1,
+    )
+    yarn = {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
+    }
+    if kind == "deepseek_v2":  # V2-Lite-like: no q_lora; groups as in DeepSeek-V2 proper
+        return DeepseekV2Config(
+            **{**_COMMON, **mla}, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2,
+            n_shared_experts=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+            routed_scaling_factor=1.5, rope_parameters={**yarn, "mscale": 1.0, "mscale_all_dim": 0.707},
+        )
+    return DeepseekV3Config(
+        **{**_COMMON, **mla}, q_lora_rank=48, n_routed_experts=16, num_experts_per_tok=4,
+        n_shared_experts=1, n_group=4, topk_group=2, norm_topk_prob=True,
+        routed_scaling_factor=2.5, rope_parameters={**yarn, "mscale": 1.0, "mscale_all_dim": 1.0},
+    )
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -112,6 +150,9 @@ def tiny_model_dir(kind: str = "llama", seed: int = 0) -> Path:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
+        for name, buf in model.named_buffers():  # DeepSeek-V3's bias must change choices
+            if name.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.05)
     model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(
         bos_token_id=256, eos_token_id=EOS_TOKEN_ID, do_sample=True, temperature=0.7, top_p=0.9
