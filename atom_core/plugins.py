@@ -36,6 +36,7 @@ ENTRY_POINT_GROUP = "atom"
 # The core's own implementations, registered like any plugin (datasette's DEFAULT_PLUGINS).
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "atom_core.ops.native.plugin",
+    "atom_core.ops.triton.plugin",
     "atom_core.layers.attention.plugin",
 )
 

@@ -1,4 +1,5 @@
-"""Registers the native torch attention backends (MHA/GQA and MLA): lowest priority, every device."""
+"""Registers the attention backends: native (MHA) and native_mla (every device, priority 0)
+and, where triton and a GPU are present, triton (cuda/hip, priority 10)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,12 @@ def register_attention_backends(register):
     register(
         "native_mla", NativeMLABackend, device_kinds=("cpu", "cuda", "hip"), kind="mla", priority=0
     )
+    from atom_core.ops.triton.plugin import TRITON_DEVICE_KINDS, TRITON_PRIORITY, usable
+
+    if usable():
+        from atom_core.layers.attention.triton_backend import TritonAttentionBackend
+
+        register(
+            "triton", TritonAttentionBackend, device_kinds=TRITON_DEVICE_KINDS, kind="mha",
+            priority=TRITON_PRIORITY,
+        )

@@ -1,0 +1,85 @@
+"""The Triton paged attention backend (CUDA/ROCm): decode and prefill/extend kernels.
+
+Graph-safe: a decode-only batch is computed from tensors alone (seq_lens, block_tables,
+query_start_loc, slot_mapping) with a grid that depends only on tensor shapes, so a
+captured CUDA graph replays it for any contents of those tensors. Mixed and prefill
+batches (always eager) use the host-side query lengths to split decodes from prefills.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.layers.attention.backend import AttentionBackend
+from atom_core.layers.attention.metadata import AttentionMetadata
+from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
+from atom_core.ops.triton.kv_cache import write_kv_cache
+from atom_core.ops.triton.prefill_attention import paged_prefill_attention
+
+_PLAN = "_triton_attention_plan"  # per-batch index tensors, built once for all layers
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the interpreter on CPU: any small number exercises the split path
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """MHA/GQA over the common ``[2, num_blocks, block_size, kv_heads, head_dim]`` cache."""
+
+    cuda_graph_safe = True
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
+        super().__init__(num_heads, head_dim, num_kv_heads, scale)
+        self._sms: int | None = None
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = q.shape[0]
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
+        if self._sms is None:
+            self._sms = _num_sms(q.device)  # read once: no device query during capture
+        if meta.is_decode_only:
+            splits = num_kv_splits(meta.seq_lens.shape[0], self.num_kv_heads, self._sms)
+            paged_decode_attention(
+                q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+                self.scale, splits,
+            )
+            return out.view(num_tokens, -1)
+        decodes, prefills = self._plan(meta, q.device)
+        if decodes.shape[0]:
+            splits = num_kv_splits(decodes.shape[0], self.num_kv_heads, self._sms)
+            paged_decode_attention(
+                q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+                self.scale, splits, seq_idx=decodes,
+            )
+        paged_prefill_attention(
+            q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills,
+            meta.max_query_len, out, self.scale,
+        )
+        return out.view(num_tokens, -1)
+
+    @staticmethod
+    def _plan(meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(decode sequence indices, prefill sequence indices), made once per batch."""
+        plan = getattr(meta, _PLAN, None)
+        if plan is None:
+            starts = meta.query_start_loc_cpu
+            lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
+            dec = [i for i, n in enumerate(lens) if n == 1]
+            pre = [i for i, n in enumerate(lens) if n > 1]
+            both = torch.tensor(dec + pre, dtype=torch.int32)
+            if device.type == "cuda":
+                both = both.pin_memory().to(device, non_blocking=True)
+            plan = (both[: len(dec)], both[len(dec) :])
+            setattr(meta, _PLAN, plan)
+        return plan

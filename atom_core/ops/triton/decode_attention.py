@@ -1,0 +1,169 @@
+"""Paged decode attention: one query token per sequence, GQA-grouped, split over the KV.
+
+A program owns (sequence, kv head, split): the query heads sharing that kv head form the
+rows of one tile (padded to 16 for tl.dot), so each K/V tile is read once per group, not
+once per query head. Splits divide each sequence's context at run time (from the seq_lens
+tensor), so a fixed grid - what a CUDA graph needs - fills the GPU at batch 1 and short
+contexts leave the surplus splits empty. Partial results carry their log-sum-exp in fp32
+and a second kernel merges them.
+
+Everything the kernels read about the batch is in tensors; nothing depends on host values
+but the grid, which depends only on tensor shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, q_stride_t, q_stride_h,
+    k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
+    bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
+    out_ptr, out_stride_t, out_stride_h,
+    po_ptr, plse_ptr,
+    sm_scale, block_size, head_dim,
+    NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SEQ_IDX: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    s = tl.load(seq_idx_ptr + b) if HAS_SEQ_IDX else b
+    seq_len = tl.load(seq_lens_ptr + s)
+    row = tl.load(qsl_ptr + s).to(tl.int64)  # this sequence's query row in the flat batch
+    # Split length rounded to whole tiles; splits past the context end do no work.
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = offs_h < GROUP
+    dmask = offs_d < head_dim
+    heads = kvh * GROUP + offs_h
+    q = tl.load(
+        q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
+        mask=hmask[:, None] & dmask[None, :], other=0.0,
+    )
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + s.to(tl.int64) * bt_stride
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, axis=1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    safe_l = tl.where(l_sum > 0, l_sum, 1.0)
+    o = acc / safe_l[:, None]
+    omask = hmask[:, None] & dmask[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        num_heads = tl.num_programs(1) * GROUP
+        part = (b.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
+        tl.store(po_ptr + part[:, None] * BLOCK_D + offs_d[None, :], o, mask=omask)
+        lse = tl.where(l_sum > 0, m + tl.log2(safe_l), float("-inf"))  # base 2
+        tl.store(plse_ptr + part, lse, mask=hmask)
+
+
+@triton.jit
+def _merge_kernel(
+    po_ptr, plse_ptr, qsl_ptr, seq_idx_ptr, out_ptr, out_stride_t, out_stride_h, head_dim,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEQ_IDX: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.load(seq_idx_ptr + b) if HAS_SEQ_IDX else b
+    row = tl.load(qsl_ptr + s).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    base = (b.to(tl.int64) * tl.num_programs(1) + h) * NUM_SPLITS
+    lse = tl.load(plse_ptr + base + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
+    w = tl.exp2(lse - m)
+    o = tl.load(po_ptr + (base + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
+                mask=(offs_s < NUM_SPLITS)[:, None], other=0.0)
+    total = tl.sum(w, axis=0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * out_stride_t + h * out_stride_h + offs_d, res.to(out_ptr.dtype.element_ty),
+             mask=offs_d < head_dim)
+
+
+def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
+    """Splits per (sequence, kv head) so that about two waves of programs fill the GPU.
+
+    A function of the batch shape only, so a captured graph and an eager step of the same
+    batch size split alike."""
+    programs = max(1, num_seqs * num_kv_heads)
+    if programs >= num_sms:
+        return 1
+    return min(32, triton.cdiv(2 * num_sms, programs))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [T, H, D]; row query_start_loc[s] is sequence s's query
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D]
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    seq_lens: torch.Tensor,  # [S]
+    query_start_loc: torch.Tensor,  # [S + 1]
+    out: torch.Tensor,  # [T, H, D], written at the decode rows
+    scale: float,
+    num_splits: int,
+    seq_idx: torch.Tensor | None = None,  # only these sequences (a mixed batch's decodes)
+) -> None:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    num_seqs = seq_idx.shape[0] if seq_idx is not None else seq_lens.shape[0]
+    if num_seqs == 0:
+        return
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(max(head_dim, 16))
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if num_splits > 1:
+        po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
+        plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        po = plse = out  # unused
+    idx = seq_idx if seq_idx is not None else seq_lens
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, q.stride(0), q.stride(1),
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
+        out, out.stride(0), out.stride(1), po, plse,
+        scale, block_size, head_dim,
+        NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=32 if q.dtype == torch.float32 else 64, BLOCK_D=block_d,
+        HAS_SEQ_IDX=seq_idx is not None, PRECISION=precision, num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _merge_kernel[(num_seqs, num_heads)](
+            po, plse, query_start_loc, idx, out, out.stride(0), out.stride(1), head_dim,
+            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            HAS_SEQ_IDX=seq_idx is not None,
+        )
