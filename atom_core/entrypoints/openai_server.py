@@ -24,8 +24,16 @@ from atom_core.entrypoints.metrics import ServerMetrics
 from atom_core.entrypoints.openai.engine_client import EngineClient
 from atom_core.entrypoints.openai.errors_http import error_response, install_error_handlers
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
+from atom_core.entrypoints.openai.serving_chat import (
+    OpenAIServingChat,
+    check_parser_names,
+    resolve_chat_parser,
+)
 from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from atom_core.entrypoints.openai.serving_messages import (
+    AnthropicServingMessages,
+    anthropic_error_response,
+)
 from atom_core.entrypoints.server_args import add_server_args
 from atom_core.errors import AtomError, AuthenticationError, EngineDeadError
 
@@ -34,16 +42,22 @@ logger = logging.getLogger("atom.server")
 
 def build_app(args: argparse.Namespace) -> FastAPI:
     config = EngineArgs.from_cli_args(args).create_config()
+    check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
     state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = EngineClient(config, args.served_model_name)
+        # Resolved once, from the chat template, before the engine starts (and logged).
+        parser, encoder = resolve_chat_parser(
+            client, config.model_config.model, args.tool_call_parser, args.reasoning_parser
+        )
         await client.start()
         metrics = ServerMetrics(client.model_name)
         client.stats_listeners.append(metrics.on_stats)
         client.finish_listeners.append(metrics.on_finished)
-        state.update(client=client, metrics=metrics, chat=OpenAIServingChat(client),
+        chat = OpenAIServingChat(client, parser=parser, encoder=encoder)
+        state.update(client=client, metrics=metrics, chat=chat, messages=AnthropicServingMessages(chat),
                      completion=OpenAIServingCompletion(client))
         logger.info("serving %s on http://%s:%d", client.model_name, args.host, args.server_port)
         try:
@@ -58,9 +72,13 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     async def api_key_auth(request: Request, call_next):
         if args.api_key and request.url.path.startswith("/v1"):
             header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
+            # Anthropic's SDK sends the key as x-api-key.
+            token = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), args.api_key.encode()):
-                return error_response(AuthenticationError("missing or invalid API key"))
+                err = AuthenticationError("missing or invalid API key")
+                if request.url.path.startswith("/v1/messages"):
+                    return anthropic_error_response(err)
+                return error_response(err)
         return await call_next(request)
 
     def timed(response: Response, request_id: str) -> Response:
@@ -75,6 +93,11 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
         return timed(await state["completion"].create(request, raw_request), "completion")
+
+    @app.post("/v1/messages")
+    async def messages(raw_request: Request) -> Response:
+        # The body is parsed by the handler: its errors are Anthropic-shaped.
+        return timed(await state["messages"].handle(raw_request), "messages")
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -16,5 +16,16 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     g.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--tool-call-parser", default="auto",
+        help="tool-call wire format: a registered name (hermes, qwen, glm, kimi, kimi_k3, minimax, "
+        "dsml, deepseek_v31, ...), 'none', or 'auto' (read from the chat template at start-up; "
+        "never guessed from output). An unknown name is refused before the weights load",
+    )
+    g.add_argument(
+        "--reasoning-parser", "--reasoning-dialect", dest="reasoning_parser", default="auto",
+        help="reasoning dialect: a registered name (think, kimi_k3), 'none', or 'auto' (read from "
+        "the chat template; inline <think> when it names none)",
+    )
     EngineArgs.add_cli_args(parser)
     return parser

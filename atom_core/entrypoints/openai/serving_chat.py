@@ -50,6 +50,7 @@ from atom_core.entrypoints.openai.protocol import (
     now,
     random_id,
 )
+from atom_core.entrypoints.openai.reasoning_dialects import resolve_dialect
 from atom_core.entrypoints.openai.serving_completion import (
     ChoiceTally,
     EngineJob,
@@ -71,6 +72,7 @@ from atom_core.entrypoints.openai.tool_parser.events import (
     ToolCallStart,
 )
 from atom_core.entrypoints.openai.tool_parser.policy import ToolPolicy
+from atom_core.entrypoints.openai.tool_parser.registry import check_tool_call_parser
 from atom_core.entrypoints.openai.tool_parser.response import (
     ParsedResponse,
     ResponseParser,
@@ -147,6 +149,25 @@ def chat_encoder_for(engine: EngineClientAPI, model_path: str | Path | None = No
     except ConfigError as exc:  # transformers may still render it; only detection is lost
         logger.warning("chat template not readable for tool-format detection: %s", exc)
         return None
+
+
+def check_parser_names(tool_call_parser: str, reasoning_parser: str) -> None:
+    """Refuse an unknown --tool-call-parser / --reasoning-parser (ConfigError): called
+    before the engine process starts, so a typo costs no weight loading."""
+    check_tool_call_parser(tool_call_parser)
+    resolve_dialect(None, reasoning_parser)
+
+
+def resolve_chat_parser(
+    engine: EngineClientAPI,
+    model_path: str | Path | None,
+    tool_call_parser: str = "auto",
+    reasoning_parser: str = "auto",
+) -> tuple[ResponseParser, ChatEncoder | None]:
+    """Start-up: the model's ResponseParser (tool-call format, reasoning dialect, thinking
+    switch; logged) read from its chat encoder, and that encoder."""
+    encoder = chat_encoder_for(engine, model_path)
+    return ResponseParser.resolve(encoder, tool_call_parser, reasoning_parser), encoder
 
 
 def effective_tool_choice(
