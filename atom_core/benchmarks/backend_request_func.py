@@ -13,7 +13,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,26 @@ def _sse_payload(line: bytes) -> bytes | None:
     return line
 
 
+async def _sse_batches(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
+    """The SSE data payloads of a response, one list per network read.
+
+    Reading whatever arrived and splitting it here is ~1.6x cheaper per chunk than
+    aiohttp's line iterator (one await per read instead of per line); chunks that arrived
+    in one read get their timestamps in the same instant either way.
+    """
+    tail = b""
+    async for data in resp.content.iter_any():
+        if tail:
+            data = tail + data
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        batch = [p for p in map(_sse_payload, lines) if p is not None]
+        if batch:
+            yield batch
+    if tail and (last := _sse_payload(tail)) is not None:
+        yield [last]
+
+
 def _http_error(status: int, body: bytes) -> str:
     return f"HTTP {status}: {body.decode(errors='replace')[:500]}"
 
@@ -151,6 +171,75 @@ def _usage(out: RequestFuncOutput, data: dict[str, Any]) -> None:
         out.server_prompt_tokens = usage.get("prompt_tokens", out.server_prompt_tokens)
 
 
+class StreamError(Exception):
+    """The server reported an error inside the stream (an SSE error frame)."""
+
+
+ChunkHandler = Callable[[dict[str, Any], _Timer, list[str], RequestFuncOutput], None]
+
+
+async def _request_stream(rfi: RequestFuncInput, payload: dict[str, Any], pbar: Any,
+                          on_data: ChunkHandler) -> RequestFuncOutput:
+    """POST ``payload`` and feed every SSE data object to ``on_data`` as it arrives."""
+    out = RequestFuncOutput(prompt_len=rfi.prompt_len)
+    text: list[str] = []
+    async with _SessionScope() as session:
+        out.start_time = time.perf_counter()
+        timer = _Timer(out)
+        try:
+            async with session.post(rfi.api_url, json=payload) as resp:
+                if resp.status != 200:
+                    out.error = _http_error(resp.status, await resp.read())
+                else:
+                    async for batch in _sse_batches(resp):
+                        for raw in batch:
+                            on_data(json.loads(raw), timer, text, out)
+        except StreamError as exc:
+            out.error = str(exc)
+        except Exception:
+            _failed(out)
+    return _done(out, timer, text, pbar)
+
+
+def _raise_on_error(data: dict[str, Any]) -> None:
+    if "error" in data and not data.get("choices"):
+        raise StreamError(json.dumps(data["error"]))
+
+
+def _on_completion_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+    _raise_on_error(data)
+    if choices := data.get("choices"):
+        # The text may be empty (a special token): still a token's chunk.
+        timer.chunk()
+        text.append(choices[0].get("text") or "")
+    _usage(out, data)
+
+
+def _on_chat_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+    _raise_on_error(data)
+    if choices := data.get("choices"):
+        delta = choices[0].get("delta") or {}
+        piece = delta.get("content") or delta.get("reasoning_content") or ""
+        # A role-only opener sent before anything was generated is not a token.
+        if piece or delta.get("tool_calls") or "role" not in delta:
+            timer.chunk()
+            text.append(piece)
+    _usage(out, data)
+
+
+def _on_tgi_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+    timer.chunk()
+    if data.get("generated_text") is not None:  # TGI sends the whole text with the last token
+        text[:] = [data["generated_text"]]
+    details = data.get("details") or {}
+    out.output_tokens = details.get("generated_tokens", out.output_tokens)
+
+
+def _on_trt_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+    timer.chunk()
+    text[:] = [data.get("text_output", "")]  # accumulate_tokens: each chunk has all so far
+
+
 async def async_request_openai_completions(
     request_func_input: RequestFuncInput, pbar: Any = None
 ) -> RequestFuncOutput:
@@ -171,34 +260,8 @@ async def async_request_openai_completions(
         payload["best_of"] = rfi.best_of
     if rfi.ignore_eos:
         payload["ignore_eos"] = True
-    if rfi.extra_body:
-        payload.update(rfi.extra_body)
-    out = RequestFuncOutput(prompt_len=rfi.prompt_len)
-    text: list[str] = []
-    async with _SessionScope() as session:
-        out.start_time = time.perf_counter()
-        timer = _Timer(out)
-        try:
-            async with session.post(rfi.api_url, json=payload) as resp:
-                if resp.status != 200:
-                    out.error = _http_error(resp.status, await resp.read())
-                else:
-                    async for line in resp.content:
-                        raw = _sse_payload(line)
-                        if raw is None:
-                            continue
-                        data = json.loads(raw)
-                        if "error" in data and not data.get("choices"):
-                            out.error = json.dumps(data["error"])
-                            break
-                        if choices := data.get("choices"):
-                            # The text may be empty (a special token): still a token's chunk.
-                            timer.chunk()
-                            text.append(choices[0].get("text") or "")
-                        _usage(out, data)
-        except Exception:
-            return _done(_failed(out), timer, text, pbar)
-    return _done(out, timer, text, pbar)
+    payload.update(rfi.extra_body or {})
+    return await _request_stream(rfi, payload, pbar, _on_completion_chunk)
 
 
 async def async_request_openai_chat_completions(
@@ -217,41 +280,12 @@ async def async_request_openai_chat_completions(
     }
     if rfi.ignore_eos:
         payload["ignore_eos"] = True
-    if rfi.extra_body:
-        payload.update(rfi.extra_body)
-    out = RequestFuncOutput(prompt_len=rfi.prompt_len)
-    text: list[str] = []
-    async with _SessionScope() as session:
-        out.start_time = time.perf_counter()
-        timer = _Timer(out)
-        try:
-            async with session.post(rfi.api_url, json=payload) as resp:
-                if resp.status != 200:
-                    out.error = _http_error(resp.status, await resp.read())
-                else:
-                    async for line in resp.content:
-                        raw = _sse_payload(line)
-                        if raw is None:
-                            continue
-                        data = json.loads(raw)
-                        if "error" in data and not data.get("choices"):
-                            out.error = json.dumps(data["error"])
-                            break
-                        if choices := data.get("choices"):
-                            delta = choices[0].get("delta") or {}
-                            piece = delta.get("content") or delta.get("reasoning_content") or ""
-                            # A role-only opener with nothing generated yet is not a token.
-                            if piece or delta.get("tool_calls") or "role" not in delta:
-                                timer.chunk()
-                                text.append(piece)
-                        _usage(out, data)
-        except Exception:
-            return _done(_failed(out), timer, text, pbar)
-    return _done(out, timer, text, pbar)
+    payload.update(rfi.extra_body or {})
+    return await _request_stream(rfi, payload, pbar, _on_chat_chunk)
 
 
 async def async_request_tgi(request_func_input: RequestFuncInput, pbar: Any = None) -> RequestFuncOutput:
-    """Text Generation Inference's ``/generate_stream`` (accumulates the text itself)."""
+    """Text Generation Inference's ``/generate_stream``."""
     rfi = request_func_input
     if not rfi.api_url.endswith("generate_stream"):
         raise ValueError("the TGI URL must end with 'generate_stream'")
@@ -265,30 +299,7 @@ async def async_request_tgi(request_func_input: RequestFuncInput, pbar: Any = No
     }
     if rfi.best_of > 1:
         params["best_of"] = rfi.best_of
-    payload = {"inputs": rfi.prompt, "parameters": params}
-    out = RequestFuncOutput(prompt_len=rfi.prompt_len)
-    text: list[str] = []
-    async with _SessionScope() as session:
-        out.start_time = time.perf_counter()
-        timer = _Timer(out)
-        try:
-            async with session.post(rfi.api_url, json=payload) as resp:
-                if resp.status != 200:
-                    out.error = _http_error(resp.status, await resp.read())
-                else:
-                    async for line in resp.content:
-                        raw = _sse_payload(line)
-                        if raw is None:
-                            continue
-                        data = json.loads(raw)
-                        timer.chunk()
-                        if data.get("generated_text") is not None:
-                            text[:] = [data["generated_text"]]
-                        details = data.get("details") or {}
-                        out.output_tokens = details.get("generated_tokens", out.output_tokens)
-        except Exception:
-            return _done(_failed(out), timer, text, pbar)
-    return _done(out, timer, text, pbar)
+    return await _request_stream(rfi, {"inputs": rfi.prompt, "parameters": params}, pbar, _on_tgi_chunk)
 
 
 async def async_request_trt_llm(request_func_input: RequestFuncInput, pbar: Any = None) -> RequestFuncOutput:
@@ -306,26 +317,7 @@ async def async_request_trt_llm(request_func_input: RequestFuncInput, pbar: Any 
     }
     if rfi.ignore_eos:
         payload["min_length"] = rfi.output_len
-    out = RequestFuncOutput(prompt_len=rfi.prompt_len)
-    text: list[str] = []
-    async with _SessionScope() as session:
-        out.start_time = time.perf_counter()
-        timer = _Timer(out)
-        try:
-            async with session.post(rfi.api_url, json=payload) as resp:
-                if resp.status != 200:
-                    out.error = _http_error(resp.status, await resp.read())
-                else:
-                    async for line in resp.content:
-                        raw = _sse_payload(line)
-                        if raw is None:
-                            continue
-                        data = json.loads(raw)
-                        timer.chunk()
-                        text[:] = [data.get("text_output", "")]
-        except Exception:
-            return _done(_failed(out), timer, text, pbar)
-    return _done(out, timer, text, pbar)
+    return await _request_stream(rfi, payload, pbar, _on_trt_chunk)
 
 
 async def async_request_deepspeed_mii(
@@ -355,7 +347,7 @@ async def async_request_deepspeed_mii(
                     generated = data.get("text", data) if isinstance(data, dict) else data
                     text.append(generated[0] if isinstance(generated, list) else str(generated))
         except Exception:
-            return _done(_failed(out), timer, text, pbar)
+            _failed(out)
     return _done(out, timer, text, pbar)
 
 
