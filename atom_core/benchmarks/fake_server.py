@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+COUNTERS = web.AppKey("counters", dict)
+
 
 @dataclass
 class FakeConfig:
@@ -130,8 +132,11 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         return web.json_response(counters)
 
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
     app = web.Application()
-    app["counters"] = counters
+    app[COUNTERS] = counters
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/generate_stream", generate_stream)
@@ -139,7 +144,7 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     app.router.add_post("/start_profile", control("start_profile"))
     app.router.add_post("/stop_profile", control("stop_profile"))
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
+    app.router.add_get("/health", health)
     return app
 
 

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from atom_core.benchmarks.backend_request_func import RequestFuncOutput
-from atom_core.benchmarks.metrics import calculate_metrics, format_result, parse_goodput, result_dict
+from atom_core.benchmarks.metrics import (
+    calculate_metrics,
+    format_result,
+    parse_goodput,
+    result_dict,
+)
 
 # The block of `vllm bench serve`, in order (P-lines for --metric-percentiles 50,99.9).
 EXPECTED_LABELS = [
