@@ -1,15 +1,16 @@
-"""Registers the DeepSeek architectures once they exist; until then says so in `atom plugins`."""
+"""Registers DeepseekV2ForCausalLM and DeepseekV3ForCausalLM (MLA + mixture of experts)."""
 
 from __future__ import annotations
 
 from atom_core.hookspecs import hookimpl
 
-NOT_YET = (
-    "DeepseekV2ForCausalLM/DeepseekV3ForCausalLM are not implemented in this version "
-    "(MLA + MoE land with the mixture-of-experts work)"
-)
-
 
 @hookimpl
 def register_model_architectures(register):
-    register.decline(NOT_YET)
+    from atom_models_deepseek.model import (  # torch imports only when used
+        DeepseekV2ForCausalLM,
+        DeepseekV3ForCausalLM,
+    )
+
+    register("DeepseekV2ForCausalLM", DeepseekV2ForCausalLM)
+    register("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM)

@@ -1,0 +1,91 @@
+"""DeepSeek's feed-forward blocks: the dense SwiGLU MLP (the first layers, and the shared
+experts) and the MoE block (router + routed experts + shared experts).
+
+Routing, by architecture (both as transformers and DeepSeek's reference code route):
+- V2: softmax scores; ``topk_method`` "greedy" (plain top-k) or "group_limited_greedy"
+  (top-k within the ``topk_group`` best of ``n_group`` groups, a group scored by its best
+  expert); weights times ``routed_scaling_factor``. ``norm_topk_prob`` renormalises instead
+  of scaling, as the reference code does (transformers ignores it; every released V2
+  config has it false, where the two agree).
+- V3: sigmoid scores plus ``e_score_correction_bias`` to choose (``noaux_tc``), groups
+  scored by their best two, weights (without the bias) renormalised when
+  ``norm_topk_prob``, then times ``routed_scaling_factor``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from atom_core.layers.activation import SiluAndMul
+from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from atom_core.layers.moe import FusedMoE, TopKRouter
+
+
+class DeepseekV2MLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
+        super().__init__()
+        if hidden_act != "silu":
+            raise ValueError(f"DeepSeek with hidden_act={hidden_act!r} is not supported")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size, intermediate_size]
+        )
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+def routing_options(config: Any, version: int) -> dict[str, Any]:
+    """TopKRouter keyword arguments for a DeepSeek-V2 (version 2) or V3 (3) config."""
+    top_k = config.num_experts_per_tok
+    scaling = float(getattr(config, "routed_scaling_factor", None) or 1.0)
+    norm = bool(getattr(config, "norm_topk_prob", False))
+    n_group, topk_group = getattr(config, "n_group", None), getattr(config, "topk_group", None)
+    if version == 2:
+        grouped = getattr(config, "topk_method", "greedy") == "group_limited_greedy"
+        renormalize = norm and top_k > 1
+        return dict(
+            scoring_func=getattr(config, "scoring_func", None) or "softmax",
+            renormalize=renormalize,
+            num_expert_group=n_group if grouped else None,
+            topk_group=topk_group if grouped else None,
+            correction_bias=False,
+            routed_scaling_factor=1.0 if renormalize else scaling,
+        )
+    return dict(
+        scoring_func=getattr(config, "scoring_func", None) or "sigmoid",
+        renormalize=norm,
+        num_expert_group=n_group,
+        topk_group=topk_group,
+        correction_bias=(getattr(config, "topk_method", None) or "noaux_tc") == "noaux_tc",
+        routed_scaling_factor=scaling,
+    )
+
+
+class DeepseekV2MoE(nn.Module):
+    """``experts(x, *gate(x)) + shared_experts(x)``. The shared experts stay a separate MLP
+    (folding them into the routed GEMM is a GPU kernel's layout choice)."""
+
+    def __init__(self, config: Any, version: int) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.moe_intermediate_size
+        num_experts = config.n_routed_experts
+        self.gate = TopKRouter(
+            hidden, num_experts, config.num_experts_per_tok, **routing_options(config, version)
+        )
+        self.experts = FusedMoE(num_experts, hidden, inter)
+        n_shared = getattr(config, "n_shared_experts", None) or 0
+        self.shared_experts = (
+            DeepseekV2MLP(hidden, inter * n_shared, config.hidden_act) if n_shared else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = self.gate(x)
+        out = self.experts(x, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
