@@ -11,8 +11,12 @@ import openai
 import pytest
 
 from atom_core.entrypoints.openai.chat_encoders import JinjaChatEncoder
-from atom_core.entrypoints.openai.serving_chat import chat_encoder_for, effective_tool_choice
-from atom_core.errors import InvalidRequestError
+from atom_core.entrypoints.openai.serving_chat import (
+    chat_encoder_for,
+    check_parser_names,
+    effective_tool_choice,
+)
+from atom_core.errors import ConfigError, InvalidRequestError
 from tests.entrypoints.openai.scripted_engine import (
     MODEL,
     ScriptedEngine,
@@ -246,3 +250,13 @@ def test_the_openai_sdk_accumulates_the_same_calls(qwen3):
     assert calls == [{"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]
     assert full.choices[0].finish_reason == "tool_calls"
     assert message.model_extra["reasoning_content"] == REASONING
+
+
+def test_parser_names_are_checked_before_anything_loads():
+    check_parser_names("auto", "auto")
+    check_parser_names("hermes", "think")
+    check_parser_names("none", "none")
+    with pytest.raises(ConfigError, match="--tool-call-parser 'nope'"):
+        check_parser_names("nope", "auto")
+    with pytest.raises(ConfigError, match="--reasoning-dialect 'nope'"):
+        check_parser_names("auto", "nope")
