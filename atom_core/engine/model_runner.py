@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from atom_core.config import Config
+from atom_core.engine.cuda_graphs import CudaGraphRunner
+from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import Logprob, Sequence
 from atom_core.layers.attention.metadata import AttentionMetadata
@@ -42,6 +44,38 @@ class ModelRunner:
         self.attention_backend_name = ",".join(sorted({a.backend_name for a in self.attention_layers}))
         self.num_blocks = self._plan_kv_blocks()
         self._allocate_kv_cache(self.num_blocks)
+        # The GPU decode path: persistent inputs, CUDA graphs, one D2H copy per step. The
+        # CPU keeps the general path (``fast_decode`` can be switched on for tests).
+        self.fast_decode = device.type == "cuda"
+        self.decode_inputs: DecodeInputs | None = None
+        self.graphs: CudaGraphRunner | None = None
+        self._sampling_cache: tuple[tuple[int, ...], SamplingBatch] | None = None
+        if self.fast_decode:
+            self._setup_fast_decode()
+
+    # --- the GPU decode path --------------------------------------------------------------
+
+    def _setup_fast_decode(self) -> None:
+        sched = self.config.scheduler_config
+        max_len = sched.max_model_len or 1
+        self.decode_inputs = DecodeInputs(
+            sched.max_num_seqs, -(-max_len // self.block_size), self.block_size, self.device
+        )
+        pin = self.device.type == "cuda"
+        self._sampled_host = torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin)
+        self._sampled_ready = torch.cuda.Event() if pin else None
+        comp = self.config.compilation_config
+        graph_safe = all(getattr(a.backend, "cuda_graph_safe", False) for a in self.attention_layers)
+        if self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes:
+            return
+        if not graph_safe:
+            logger.info(
+                "attention backend %s is not CUDA-graph safe: decode runs eagerly",
+                self.attention_backend_name,
+            )
+            return
+        self.graphs = CudaGraphRunner(self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len)
+        self.graphs.capture()
 
     # --- KV cache -----------------------------------------------------------------------
 
@@ -135,6 +169,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         seqs, counts = batch.seqs, batch.num_scheduled_tokens
+        if self.decode_inputs is not None and self._is_plain_decode(batch):
+            return self._execute_decode(seqs)
         starts = [s.num_computed_tokens for s in seqs]
         ids: list[int] = []
         positions: list[int] = []
@@ -170,6 +206,65 @@ class ModelRunner:
             if result.logprobs[j] is not None:
                 out.logprobs[s.seq_id] = result.logprobs[j]
         return out
+
+    @staticmethod
+    def _is_plain_decode(batch: ScheduledBatch) -> bool:
+        """Every sequence computes its one newest token and samples; none owes prompt logprobs."""
+        for s, n in zip(batch.seqs, batch.num_scheduled_tokens):
+            if n != 1 or s.num_computed_tokens + 1 != s.num_tokens:
+                return False
+            if s.sampling_params.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens:
+                return False
+        return True
+
+    def _execute_decode(self, seqs: list[Sequence]) -> StepOutput:
+        """One decode step: inputs into the static buffers, a graph replay (or the same
+        forward eagerly), the sampler, and a single asynchronous copy of the sampled ids
+        that the host waits for last. docs/host_timeline.md walks through it."""
+        inputs = self.decode_inputs
+        assert inputs is not None
+        n = len(seqs)
+        padded = self.graphs.padded_size(n) if self.graphs is not None else None
+        lens = inputs.prepare(seqs, padded or n)
+        # Built before the forward is queued, so its small host->device copies do not
+        # wait for the GPU; reused while the batch is unchanged.
+        sbatch = self._decode_sampling_batch(seqs)
+        if padded is not None:
+            logits = self.graphs.replay(padded)[:n]
+        else:
+            meta = inputs.metadata(n, lens, self.config.scheduler_config.max_model_len or 1)
+            with forward_context(meta):
+                hidden = self.model(inputs.input_ids(n), inputs.positions(n))
+                logits = self.model.compute_logits(hidden)
+        result = self.sampler(logits.float(), sbatch)
+        host = self._sampled_host[:n]
+        host.copy_(result.token_ids, non_blocking=host.is_pinned())
+        if self._sampled_ready is not None:
+            self._sampled_ready.record()
+            self._sampled_ready.synchronize()
+        tokens = host.tolist()
+        out = StepOutput({}, {}, {})
+        for j, s in enumerate(seqs):
+            out.sampled[s.seq_id] = tokens[j]
+            if result.logprobs[j] is not None:
+                out.logprobs[s.seq_id] = result.logprobs[j]
+        return out
+
+    def _decode_sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        key = tuple(s.seq_id for s in seqs)
+        cached = self._sampling_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        sbatch = SamplingBatch.build(
+            [s.sampling_params for s in seqs],
+            [s.prompt_token_ids for s in seqs],
+            [s.output_token_ids for s in seqs],
+            [self._generator(s) for s in seqs],
+            self.device,
+        )
+        # Penalties read the growing output ids: such a batch is rebuilt every step.
+        self._sampling_cache = None if sbatch.any_penalty else (key, sbatch)
+        return sbatch
 
     def _prompt_logprobs(self, seqs, starts, counts, ends, hidden, out: StepOutput) -> None:
         """Logprobs of prompt tokens computed this step (position p predicts token p + 1).

@@ -118,11 +118,14 @@ def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
     """Splits per (sequence, kv head) so that about two waves of programs fill the GPU.
 
     A function of the batch shape only, so a captured graph and an eager step of the same
-    batch size split alike."""
+    batch size split alike.
+    """
     programs = max(1, num_seqs * num_kv_heads)
     if programs >= num_sms:
         return 1
-    return min(32, triton.cdiv(2 * num_sms, programs))
+    # A power of two (each value is a compiled variant), at most 32.
+    want = triton.cdiv(2 * num_sms, programs)
+    return min(32, 1 << (want.bit_length() - 1))
 
 
 def paged_decode_attention(

@@ -1,0 +1,96 @@
+"""Decode-step inputs in persistent buffers: host rows filled in place, two async copies.
+
+A decode step needs, per sequence, its newest token, position, cache slot and context
+length, plus its block table. They live in one pinned host buffer per dtype and a device
+twin of each; a step writes its rows on the host and issues two non-blocking host-to-device
+copies (a pageable copy would make the host wait for the GPU to drain). The device
+buffers never move, so CUDA graphs captured over them replay any step's contents.
+
+Block-table rows are rewritten only when a row's table changed (a decode appends a block
+every ``block_size`` steps), so a steady batch of long contexts costs no per-step copy of
+its tables on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.engine.sequence import Sequence
+from atom_core.layers.attention.metadata import AttentionMetadata
+
+IDS, POSITIONS, SLOTS, SEQ_LENS = range(4)
+
+
+class DecodeInputs:
+    def __init__(self, max_seqs: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+        self.max_seqs = max_seqs
+        self.block_size = block_size
+        self.device = device
+        pin = device.type == "cuda"
+        self.host = torch.zeros((4, max_seqs), dtype=torch.long, pin_memory=pin)
+        self.host_tables = torch.zeros((max_seqs, max_blocks), dtype=torch.int32, pin_memory=pin)
+        self._host = self.host.numpy()
+        self._host_tables = self.host_tables.numpy()
+        self.dev = torch.zeros((4, max_seqs), dtype=torch.long, device=device)
+        self.dev_tables = torch.zeros((max_seqs, max_blocks), dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
+        self._rows: list[list[int] | None] = [None] * max_seqs  # table each host row holds
+        self.pad_rows(0, max_seqs)
+        self.dev.copy_(self.host)
+
+    def pad_rows(self, start: int, stop: int) -> None:
+        """Rows that compute nothing: slot -1 (no cache write), context 0 (no attention)."""
+        h = self._host
+        h[IDS, start:stop] = 0
+        h[POSITIONS, start:stop] = 0
+        h[SLOTS, start:stop] = -1
+        h[SEQ_LENS, start:stop] = 0
+
+    def prepare(self, seqs: list[Sequence], padded: int) -> list[int]:
+        """Fill rows for ``seqs`` (each computing its one newest token) and pad up to
+        ``padded`` rows; start the copies. Returns the context lengths (host)."""
+        bs = self.block_size
+        ids, positions, slots, lens = [], [], [], []
+        tables, h_tables = self._rows, self._host_tables
+        for i, s in enumerate(seqs):
+            p = s.num_computed_tokens
+            table = s.block_table
+            ids.append(s.token_ids[p])
+            positions.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            lens.append(p + 1)
+            if tables[i] != table:
+                h_tables[i, : len(table)] = table
+                tables[i] = list(table)
+        n = len(seqs)
+        h = self._host
+        h[IDS, :n] = ids
+        h[POSITIONS, :n] = positions
+        h[SLOTS, :n] = slots
+        h[SEQ_LENS, :n] = lens
+        self.pad_rows(n, padded)
+        self.dev.copy_(self.host, non_blocking=True)
+        self.dev_tables[:padded].copy_(self.host_tables[:padded], non_blocking=True)
+        return lens
+
+    def input_ids(self, n: int) -> torch.Tensor:
+        return self.dev[IDS, :n]
+
+    def positions(self, n: int) -> torch.Tensor:
+        return self.dev[POSITIONS, :n]
+
+    def metadata(self, n: int, seq_lens_cpu: list[int] | None, max_model_len: int) -> AttentionMetadata:
+        """Metadata over the first ``n`` rows. ``seq_lens_cpu`` None means graph capture:
+        the host-side facts are then placeholders no graph-safe backend reads."""
+        lens = seq_lens_cpu if seq_lens_cpu is not None else [max_model_len] * n
+        return AttentionMetadata(
+            slot_mapping=self.dev[SLOTS, :n],
+            query_start_loc=self.query_start_loc[: n + 1],
+            seq_lens=self.dev[SEQ_LENS, :n],
+            block_tables=self.dev_tables[:n],
+            block_size=self.block_size,
+            max_query_len=1,
+            max_seq_len=max(lens, default=0) if seq_lens_cpu is not None else max_model_len,
+            query_start_loc_cpu=list(range(n + 1)),
+            seq_lens_cpu=lens,
+        )
