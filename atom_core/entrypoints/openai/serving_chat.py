@@ -178,12 +178,10 @@ def effective_tool_choice(
     without declaring any tool is refused."""
     if tools:
         return tool_choice
-    if tool_choice in (None, "auto", "none") or (
-        isinstance(tool_choice, Mapping) and tool_choice.get("type") in ("auto", "none")
-    ):
-        return "none"
-    raise InvalidRequestError("tool_choice requires a call but the request declares no tools",
-                              param="tool_choice")
+    if ToolPolicy.from_request(None, tool_choice).choice in ("required", "named"):
+        raise InvalidRequestError("tool_choice requires a call but the request declares no tools",
+                                  param="tool_choice")
+    return "none"
 
 
 @dataclass(frozen=True)

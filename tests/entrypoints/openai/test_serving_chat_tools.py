@@ -172,8 +172,10 @@ def test_effective_tool_choice():
     assert effective_tool_choice([], "auto") == "none"
     assert effective_tool_choice(TOOLS, None) is None
     assert effective_tool_choice(TOOLS, "required") == "required"
-    with pytest.raises(InvalidRequestError):
+    with pytest.raises(InvalidRequestError, match="declares no tools"):
         effective_tool_choice(None, {"type": "any"})
+    with pytest.raises(InvalidRequestError, match="must be 'auto'"):
+        effective_tool_choice(None, "sometimes")
 
 
 @pytest.mark.parametrize(
