@@ -1,0 +1,76 @@
+"""The Triton paged attention backend against the native one on the GPU: dtypes, head dims
+64/128, GQA ratios 1/4/8, block sizes 16/32, contexts up to 32k, batches up to 256."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+pytest.importorskip("triton")
+
+from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
+
+
+def run_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0):
+    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype, "cuda", seed)
+    t = sum(query_lens)
+    torch.manual_seed(seed)
+    q = torch.randn(t, heads * head_dim, device="cuda").to(dtype)
+    k = torch.randn(t, kv_heads * head_dim, device="cuda").to(dtype)
+    v = torch.randn(t, kv_heads * head_dim, device="cuda").to(dtype)
+    ref, ref_cache = native_attention(q, k, v, cache, meta, heads, kv_heads, head_dim)
+    out = TritonAttentionBackend(heads, head_dim, kv_heads, head_dim**-0.5).forward(q, k, v, cache, meta)
+    err = rel_err(out, ref)
+    assert err < tolerance(dtype), err
+    written = ~ref_cache.isnan()
+    assert torch.equal(written, ~cache.isnan())
+    assert torch.equal(cache.float()[written], ref_cache[written])
+
+
+def contexts(n, hi, seed):
+    rng = random.Random(seed)
+    return [rng.randint(1, hi) for _ in range(n)]
+
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_decode_sweep(dtype, head_dim, group, block_size, batch):
+    kv_heads = 8 if group < 8 else 4
+    lens = contexts(batch, 3000, batch)
+    run_case([1] * batch, lens, kv_heads * group, kv_heads, head_dim, block_size, dtype)
+
+
+@pytest.mark.parametrize("ctx", [8192, 32768])
+def test_decode_long_context(ctx):
+    run_case([1, 1], [ctx, ctx // 3], 32, 8, 128, 16, torch.bfloat16)
+
+
+def test_decode_batch_256():
+    run_case([1] * 256, contexts(256, 1500, 3), 32, 8, 128, 16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_prefill_and_extend(dtype, head_dim, group):
+    kv_heads = 4
+    # fresh prompts, prompts over cached prefixes, and decodes mixed into one batch
+    query_lens = [300, 1, 77, 129, 1, 16]
+    context_lens = [300, 900, 77, 1200, 33, 16]
+    run_case(query_lens, context_lens, kv_heads * group, kv_heads, head_dim, 16, dtype)
+
+
+def test_prefill_long_chunk_block_32():
+    run_case([4096, 2048], [4096, 6000], 32, 8, 128, 32, torch.bfloat16)
