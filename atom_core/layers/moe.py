@@ -76,8 +76,9 @@ def select_experts(
 
 
 class TopKRouter(nn.Module):
-    """The gate: fp32 logits ``x @ weight.T`` (weight kept in fp32 whatever the model's dtype,
-    as the reference implementations keep it), then ``select_experts``."""
+    """The gate: fp32 logits ``x @ weight.T``, then ``select_experts``. The weight stays fp32
+    whatever the model's dtype (DeepSeek's reference keeps its gate in fp32): it is tiny,
+    and a bf16 gate would flip near-tied expert choices."""
 
     def __init__(
         self,
