@@ -30,19 +30,19 @@ def paged_batch(
     need = [-(-n // block_size) for n in context_lens]
     num_blocks = sum(need) + spare_blocks
     free = torch.randperm(num_blocks, generator=g).tolist()
-    tables, slots, starts = [], [], [0]
+    tables, slots, cached, starts = [], [], [], [0]
     cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype)
     flat = cache.view(2, -1, kv_heads, head_dim)
     for q_len, ctx, nb in zip(query_lens, context_lens, need):
-        table = [free.pop() for _ in range(nb)]
-        tables.append(table)
-        for p in range(ctx):
-            slot = table[p // block_size] * block_size + p % block_size
-            if p >= ctx - q_len:
-                slots.append(slot)
-            else:
-                flat[:, slot] = torch.randn(2, kv_heads, head_dim, generator=g).to(dtype)
+        table = torch.tensor([free.pop() for _ in range(nb)])
+        tables.append(table.tolist())
+        pos = torch.arange(ctx)
+        seq_slots = table[pos // block_size] * block_size + pos % block_size
+        cached.append(seq_slots[: ctx - q_len])
+        slots.extend(seq_slots[ctx - q_len :].tolist())
         starts.append(starts[-1] + q_len)
+    prefix = torch.cat(cached)
+    flat[:, prefix] = torch.randn(2, len(prefix), kv_heads, head_dim, generator=g).to(dtype)
     width = max(need) + 1
     bt = torch.full((len(tables), width), -1, dtype=torch.int32)
     for i, t in enumerate(tables):
