@@ -258,7 +258,7 @@ class LLMEngine:
         self.scheduler.advance(batch)
         finished: list[Sequence] = []
         num_prompt = num_gen = 0
-        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens):
+        for seq in batch.seqs:
             if seq.is_finished:  # aborted while the step ran
                 continue
             req = self._requests.get(seq.request_id)
@@ -266,11 +266,13 @@ class LLMEngine:
                 seq.prompt_logprobs.extend(out.prompt_logprobs[seq.seq_id])
             token = out.sampled.get(seq.seq_id)
             if token is None:
-                num_prompt += n
                 continue
             num_gen += 1
-            num_prompt += n - 1
             seq.append_token(token)
+            if seq.num_output_tokens == 1:
+                # As vLLM counts them: a request's prompt, once, when its first token arrives
+                # (cached prefix included, recomputation after preemption not).
+                num_prompt += seq.num_prompt_tokens
             if seq.seq_id in out.logprobs:
                 seq.logprobs.append(out.logprobs[seq.seq_id])
             reason = self._finish_reason(seq, token, req)
