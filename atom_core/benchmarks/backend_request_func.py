@@ -13,13 +13,18 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 AIOHTTP_TIMEOUT = aiohttp.ClientTimeout(total=6 * 60 * 60)
+
+try:  # msgspec (an engine dependency) decodes a chunk ~2x faster than json.loads
+    from msgspec.json import decode as _decode
+except ImportError:  # pragma: no cover
+    _decode = json.loads
 
 
 @dataclass
@@ -123,24 +128,11 @@ def _sse_payload(line: bytes) -> bytes | None:
     return line
 
 
-async def _sse_batches(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
-    """The SSE data payloads of a response, one list per network read.
-
-    Reading whatever arrived and splitting it here is ~1.6x cheaper per chunk than
-    aiohttp's line iterator (one await per read instead of per line); chunks that arrived
-    in one read get their timestamps in the same instant either way.
-    """
-    tail = b""
-    async for data in resp.content.iter_any():
-        if tail:
-            data = tail + data
-        lines = data.split(b"\n")
-        tail = lines.pop()
-        batch = [p for p in map(_sse_payload, lines) if p is not None]
-        if batch:
-            yield batch
-    if tail and (last := _sse_payload(tail)) is not None:
-        yield [last]
+def _sse_lines(data: bytes, tail: bytes) -> tuple[list[bytes], bytes]:
+    """Complete lines of ``tail + data`` as SSE payloads, and the incomplete rest."""
+    lines = (tail + data if tail else data).split(b"\n")
+    rest = lines.pop()
+    return [p for p in map(_sse_payload, lines) if p is not None], rest
 
 
 def _http_error(status: int, body: bytes) -> str:
@@ -191,9 +183,16 @@ async def _request_stream(rfi: RequestFuncInput, payload: dict[str, Any], pbar: 
                 if resp.status != 200:
                     out.error = _http_error(resp.status, await resp.read())
                 else:
-                    async for batch in _sse_batches(resp):
-                        for raw in batch:
-                            on_data(json.loads(raw), timer, text, out)
+                    # Whatever arrived, split here: ~1.6x cheaper per chunk than aiohttp's
+                    # line iterator (one await per read, not per line). Chunks that arrived in
+                    # one read are timestamped in the same instant either way.
+                    tail = b""
+                    async for data in resp.content.iter_any():
+                        payloads, tail = _sse_lines(data, tail)
+                        for raw in payloads:
+                            on_data(_decode(raw), timer, text, out)
+                    for raw in _sse_lines(b"\n", tail)[0]:
+                        on_data(_decode(raw), timer, text, out)
         except StreamError as exc:
             out.error = str(exc)
         except Exception:
