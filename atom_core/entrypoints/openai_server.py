@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from atom_core import __version__
+from atom_core.engine.annotations import profiler_timeout
 from atom_core.engine.arg_utils import EngineArgs
 from atom_core.entrypoints.metrics import ServerMetrics
 from atom_core.entrypoints.openai.engine_client import EngineClient
@@ -42,6 +43,7 @@ logger = logging.getLogger("atom.server")
 
 def build_app(args: argparse.Namespace) -> FastAPI:
     config = EngineArgs.from_cli_args(args).create_config()
+    stop_timeout = profiler_timeout()  # ATOM_PROFILER_TIMEOUT; a bad value fails at start-up
     check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
     state: dict = {}
 
@@ -122,7 +124,12 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         return Response(state["metrics"].render(), media_type=CONTENT_TYPE_LATEST)
 
     async def profile(command: str) -> Response:
-        reply = await state["client"].control(command)
+        try:
+            reply = await state["client"].control(command, timeout=stop_timeout)
+        except TimeoutError:
+            return error_response(
+                EngineDeadError(f"{command} did not finish within {stop_timeout:g} s (ATOM_PROFILER_TIMEOUT)")
+            )
         if not reply.ok:
             return error_response(AtomError(reply.message), status=400)
         return JSONResponse({"status": "ok", "message": reply.message})
