@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hmac
 import logging
 import sys
@@ -126,7 +127,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     async def profile(command: str) -> Response:
         try:
             reply = await state["client"].control(command, timeout=stop_timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
             return error_response(
                 EngineDeadError(f"{command} did not finish within {stop_timeout:g} s (ATOM_PROFILER_TIMEOUT)")
             )
