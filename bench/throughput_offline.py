@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from decode_latency import hf_generate  # noqa: E402
 from gpu_models import CONFIGS, config_path, hf_model, machine, randomize  # noqa: E402
 
 
@@ -77,12 +78,12 @@ def bench_hf(results: dict) -> None:
               max_new_tokens=ARGS.output_len, min_new_tokens=ARGS.output_len)
     try:
         warm = torch.tensor(prompts(bs, ARGS.input_len, cfg["vocab_size"], 99), device="cuda")
-        model.generate(warm, attention_mask=torch.ones_like(warm), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+        hf_generate(model, warm, attention_mask=torch.ones_like(warm), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for b in range(ARGS.hf_batches):
             ids = torch.tensor(prompts(bs, ARGS.input_len, cfg["vocab_size"], b), device="cuda")
-            model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            hf_generate(model, ids, attention_mask=torch.ones_like(ids), **kw)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         tokens = ARGS.hf_batches * bs * (ARGS.input_len + ARGS.output_len)
