@@ -200,3 +200,29 @@ def test_engine_death_is_reported_not_hung(tmp_path):
         assert r.status_code == 503 and r.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_stop_token_text_is_not_in_the_output(server):
+    """The server's text for a stop-token finish equals the in-process engine's (which
+    never detokenizes the stop token), streamed and not."""
+    from atom_core.engine.llm_engine import LLMEngine
+    from atom_core.sampling_params import SamplingParams
+
+    engine = LLMEngine(str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False, max_model_len=256)
+    prompt = engine.tokenize("Hello there")
+    [ref] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    # A stop token with visible text of its own (random weights emit many partial bytes).
+    stop = next(t for t in ref["token_ids"][1:] if engine.tokenizer.decode([t]).strip().isascii()
+                and engine.tokenizer.decode([t]).strip())
+    [want] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                      stop_token_ids=[stop]))
+    url = f"{server.base_url}/v1/completions"
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stop_token_ids": [stop]}
+    cut = httpx.post(url, json=body).json()["choices"][0]
+    assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", stop)
+    assert cut["text"] == want["text"]
+    assert not want["text"].endswith(engine.tokenizer.decode([stop]))
+    with httpx.stream("POST", url, json={**body, "stream": True}) as r:
+        text = "".join(json.loads(line[6:])["choices"][0]["text"]
+                       for line in r.iter_lines() if line.startswith("data: {"))
+    assert text == want["text"]

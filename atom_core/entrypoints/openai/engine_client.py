@@ -191,7 +191,10 @@ class EngineClient:
     def _delta(stream: _Stream, out: TokenOutput) -> RequestDelta:
         detok = stream.detok
         finish_reason, stop_reason, finished = out.finish_reason, out.stop_reason, out.finished
-        for t in out.token_ids:
+        ids = out.token_ids
+        if out.finished and isinstance(out.stop_reason, int) and ids:
+            ids = ids[:-1]  # a stop token ends the text; it is not part of it (as in vLLM)
+        for t in ids:
             detok.add_token(t)
             if detok.stopped_on is not None:
                 finished, finish_reason, stop_reason = True, "stop", detok.stopped_on
