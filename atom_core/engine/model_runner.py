@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from atom_core.config import Config
+from atom_core.engine.annotations import annotate
 from atom_core.engine.cuda_graphs import CudaGraphRunner
 from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.scheduler import ScheduledBatch
@@ -170,7 +171,8 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         seqs, counts = batch.seqs, batch.num_scheduled_tokens
         if self.decode_inputs is not None and self._is_plain_decode(batch):
-            return self._execute_decode(seqs)
+            with annotate(batch):
+                return self._execute_decode(seqs)
         starts = [s.num_computed_tokens for s in seqs]
         ids: list[int] = []
         positions: list[int] = []
@@ -180,7 +182,7 @@ class ModelRunner:
         meta = self._metadata(starts, counts, [s.block_table for s in seqs], len(ids))
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with forward_context(meta):
+        with forward_context(meta), annotate(batch):
             hidden = self.model(input_ids, pos)
 
         out = StepOutput({}, {}, {})

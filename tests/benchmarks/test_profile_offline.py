@@ -24,6 +24,8 @@ def test_profile_offline_writes_a_trace(tmp_path, capsys):
     assert sum(e.get("ph") == "X" for e in events) > 50
     names = {e.get("name", "") for e in events}
     assert any("linear" in n or "mm" in n for n in names)  # the forward's GEMMs are in it
+    assert any(n.startswith("prefill[bs=") for n in names)  # the runner labels its steps
+    assert any(n.startswith("decode[bs=2") for n in names)
     assert f"trace: {trace}" in capsys.readouterr().out
 
 
