@@ -7,6 +7,7 @@ Flag spellings and defaults follow the serving guide's "Engine CLI arguments" ta
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -111,6 +112,10 @@ class ObservabilityConfig:
     )
     throughput_log_interval: float = opt(10.0, ("--throughput-log-interval",), "seconds between status lines")
     torch_profiler_dir: str | None = opt(None, ("--torch-profiler-dir",), "directory for torch profiler traces")
+    mark_trace: bool = opt(
+        False, ("--mark-trace",),
+        "write one trace per captured CUDA-graph size to {profiler dir}/capture_traces/ (needs a profiler dir)",
+    )
     port: int = opt(8006, ("--port",), "internal engine communication port")
 
 
@@ -177,5 +182,8 @@ class Config:
             raise ConfigError("--scheduler-delay-factor must be >= 0")
         if m.load_dummy is not None and m.load_dummy not in LOAD_DUMMY_MODES:
             raise ConfigError(f"--load_dummy must be one of {LOAD_DUMMY_MODES}, got {m.load_dummy!r}")
+        o = self.observability_config
+        if o.mark_trace and not (o.torch_profiler_dir or os.environ.get("ATOM_TORCH_PROFILER_DIR")):
+            raise ConfigError("--mark-trace needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR")
         if m.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device must be auto, cpu or cuda, got {m.device!r}")

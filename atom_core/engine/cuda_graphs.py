@@ -16,6 +16,7 @@ import time
 import torch
 from torch import nn
 
+from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.input_batch import DecodeInputs
 from atom_core.layers.context import forward_context
 
@@ -24,9 +25,11 @@ logger = logging.getLogger(__name__)
 
 class CudaGraphRunner:
     def __init__(
-        self, model: nn.Module, inputs: DecodeInputs, capture_sizes: list[int], max_model_len: int
+        self, model: nn.Module, inputs: DecodeInputs, capture_sizes: list[int], max_model_len: int,
+        tracer: CaptureTracer | None = None,
     ) -> None:
         self.model = model
+        self.tracer = tracer or CaptureTracer(None)
         self.inputs = inputs
         self.max_model_len = max_model_len
         self.sizes = sorted({s for s in capture_sizes if 0 < s <= inputs.max_seqs})
@@ -52,11 +55,13 @@ class CudaGraphRunner:
         self.inputs.dev.copy_(self.inputs.host)
         pool = None
         for n in reversed(self.sizes):
-            self._forward(n)  # warm-up: Triton compiles and autotunes outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[n] = self._forward(n)
+            with self.tracer.trace(n):
+                self._forward(n)  # warm-up: Triton compiles and autotunes outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[n] = self._forward(n)
+                torch.cuda.synchronize()
             pool = graph.pool()
             self.graphs[n] = graph
         torch.cuda.synchronize()

@@ -9,8 +9,10 @@ import torch
 
 from atom_core.config import Config
 from atom_core.engine.annotations import annotate
+from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.cuda_graphs import CudaGraphRunner
 from atom_core.engine.input_batch import DecodeInputs
+from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import Logprob, Sequence
 from atom_core.layers.attention.metadata import AttentionMetadata
@@ -66,6 +68,10 @@ class ModelRunner:
         self._sampled_host = torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin)
         self._sampled_ready = torch.cuda.Event() if pin else None
         comp = self.config.compilation_config
+        obs = self.config.observability_config
+        if obs.mark_trace and (self.device.type != "cuda" or comp.enforce_eager):
+            logger.info("--mark-trace: no CUDA graphs are captured here (%s%s), so no capture traces",
+                        self.device.type, ", --enforce-eager" if comp.enforce_eager else "")
         graph_safe = all(getattr(a.backend, "cuda_graph_safe", False) for a in self.attention_layers)
         if self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes:
             return
@@ -75,7 +81,10 @@ class ModelRunner:
                 self.attention_backend_name,
             )
             return
-        self.graphs = CudaGraphRunner(self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len)
+        tracer = CaptureTracer(profiler_dir(obs.torch_profiler_dir) if obs.mark_trace else None)
+        self.graphs = CudaGraphRunner(
+            self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len, tracer
+        )
         self.graphs.capture()
 
     # --- KV cache -----------------------------------------------------------------------
