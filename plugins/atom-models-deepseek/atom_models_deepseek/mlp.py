@@ -19,24 +19,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core.layers.activation import SiluAndMul
-from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from atom_core.layers.decoder import GatedMLP
 from atom_core.layers.moe import FusedMoE, TopKRouter
 
 
-class DeepseekV2MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
-        super().__init__()
-        if hidden_act != "silu":
-            raise ValueError(f"DeepSeek with hidden_act={hidden_act!r} is not supported")
-        self.gate_up_proj = MergedColumnParallelLinear(
-            hidden_size, [intermediate_size, intermediate_size]
-        )
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
-        self.act_fn = SiluAndMul()
+class DeepseekV2MLP(GatedMLP):
+    """The dense SwiGLU block (first layers and shared experts); named as transformers does."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
+        super().__init__(hidden_size, intermediate_size, hidden_act=hidden_act)
 
 
 def routing_options(config: Any, version: int) -> dict[str, Any]:

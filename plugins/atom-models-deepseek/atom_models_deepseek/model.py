@@ -18,9 +18,8 @@ import torch
 from torch import nn
 
 from atom_core.layers.attention.mla import MLAAttention
-from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel
 from atom_core.layers.moe import load_hf_moe_weights
-from atom_core.layers.norm import RMSNorm
 from atom_models_deepseek.attention import DeepseekV2Attention
 from atom_models_deepseek.mlp import DeepseekV2MLP, DeepseekV2MoE
 
@@ -37,74 +36,29 @@ def is_moe_layer(config: Any, layer_idx: int) -> bool:
     )
 
 
-class DeepseekV2DecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, version: int, is_neox: bool) -> None:
-        super().__init__()
-        self.self_attn = DeepseekV2Attention(config, is_neox)
-        if is_moe_layer(config, layer_idx):
-            self.mlp: nn.Module = DeepseekV2MoE(config, version)
-        else:
-            self.mlp = DeepseekV2MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The residual add is fused into the next norm: x + residual, then normalised.
-        if residual is None:
-            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+def deepseek_layer(config: Any, layer_idx: int, version: int, is_neox: bool) -> DecoderLayer:
+    if is_moe_layer(config, layer_idx):
+        mlp: nn.Module = DeepseekV2MoE(config, version)
+    else:
+        mlp = DeepseekV2MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
+    return DecoderLayer(config, DeepseekV2Attention(config, is_neox), mlp)
 
 
-class DeepseekV2Model(nn.Module):
-    def __init__(self, config: Any, version: int, is_neox: bool) -> None:
-        super().__init__()
-        if config.hidden_act != "silu":
-            raise ValueError(f"DeepSeek with hidden_act={config.hidden_act!r} is not supported")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DeepseekV2DecoderLayer(config, i, version, is_neox)
-            for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        if residual is None:  # no layers
-            return self.norm(hidden_states)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
-
-
-class DeepseekV2ForCausalLM(nn.Module):
+class DeepseekV2ForCausalLM(CausalLMBase):
     """The ``atom_core.layers.model_api.CausalLM`` contract for DeepSeek-V2 checkpoints."""
 
     version = 2
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.config = config
-        self.model = DeepseekV2Model(config, self.version, self.rope_is_neox(config))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.tie_to(self.model.embed_tokens)
+        if config.hidden_act != "silu":
+            raise ValueError(f"DeepSeek with hidden_act={config.hidden_act!r} is not supported")
+        is_neox = self.rope_is_neox(config)
+        layers = (deepseek_layer(config, i, self.version, is_neox) for i in range(config.num_hidden_layers))
+        super().__init__(config, DecoderModel(config, layers))
 
     @staticmethod
     def rope_is_neox(config: Any) -> bool:
         return False  # V2 rotates interleaved pairs (transformers: complex multiplication)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         num_layers = self.config.num_hidden_layers

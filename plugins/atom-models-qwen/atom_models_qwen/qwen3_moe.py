@@ -15,11 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core.layers.attention.layer import Attention
-from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel
 from atom_core.layers.moe import FusedMoE, TopKRouter, load_hf_moe_weights
-from atom_core.layers.norm import RMSNorm
-from atom_models_qwen.model import Qwen3Attention, Qwen3MLP
+from atom_models_qwen.model import Qwen3Attention, check_no_sliding_window, qwen3_mlp
 
 
 def is_sparse_layer(config: Any, layer_idx: int) -> bool:
@@ -46,70 +44,18 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         return self.experts(x, *self.gate(x))
 
 
-class Qwen3MoeDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = Qwen3Attention(config)
-        if is_sparse_layer(config, layer_idx):
-            self.mlp: nn.Module = Qwen3MoeSparseMoeBlock(config)
-        else:
-            self.mlp = Qwen3MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # The residual add is fused into the next norm: x + residual, then normalised.
-        if residual is None:
-            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+def qwen3_moe_layer(config: Any, layer_idx: int) -> DecoderLayer:
+    mlp = Qwen3MoeSparseMoeBlock(config) if is_sparse_layer(config, layer_idx) else qwen3_mlp(config)
+    return DecoderLayer(config, Qwen3Attention(config), mlp)
 
 
-class Qwen3MoeModel(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError("Qwen3-MoE with sliding-window attention is not supported")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Qwen3MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        if residual is None:  # no layers
-            return self.norm(hidden_states)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
-
-
-class Qwen3MoeForCausalLM(nn.Module):
+class Qwen3MoeForCausalLM(CausalLMBase):
     """The ``atom_core.layers.model_api.CausalLM`` contract for Qwen3-MoE checkpoints."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.config = config
-        self.model = Qwen3MoeModel(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.tie_to(self.model.embed_tokens)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden_states)
+        check_no_sliding_window(config)
+        layers = (qwen3_moe_layer(config, i) for i in range(config.num_hidden_layers))
+        super().__init__(config, DecoderModel(config, layers))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_hf_moe_weights(self, weights)
-
-    def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
