@@ -51,7 +51,7 @@ from atom_core.entrypoints.openai.protocol import (
     random_id,
 )
 from atom_core.entrypoints.openai.reasoning_dialects import resolve_dialect
-from atom_core.entrypoints.openai.serving_completion import (
+from atom_core.entrypoints.openai.serving_engine import (
     ChoiceTally,
     EngineJob,
     TokenTexts,

@@ -66,7 +66,7 @@ from atom_core.entrypoints.openai.protocol_anthropic import (
     tool_use_id,
 )
 from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat, ReplyReading
-from atom_core.entrypoints.openai.serving_completion import (
+from atom_core.entrypoints.openai.serving_engine import (
     ChoiceTally,
     EngineJob,
     check_model,

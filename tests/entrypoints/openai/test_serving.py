@@ -16,11 +16,8 @@ from atom_core.engine.sequence import Logprob
 from atom_core.entrypoints.openai.errors_http import install_error_handlers
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
-from atom_core.entrypoints.openai.serving_completion import (
-    EngineJob,
-    OpenAIServingCompletion,
-    stream_deltas,
-)
+from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from atom_core.entrypoints.openai.serving_engine import EngineJob, stream_deltas
 from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
