@@ -68,9 +68,14 @@ def register_tool_formats(register):
     """Provide tool-call wire formats.
 
     Call ``register(name, format_cls)``; ``name`` is what users pass to
-    ``--tool-call-parser``. The class declares ``START_MARKERS``, ``opens_region``,
-    ``parse_region(text, at_end)`` and its call closers, and a template signature used to
-    detect it from a chat template. Names are unique across plugins.
+    ``--tool-call-parser``. ``format_cls`` subclasses
+    ``atom_core.entrypoints.openai.tool_parser.base.ToolFormat`` and declares syntax only:
+    ``START_MARKERS``, ``opens_region(marker)``, ``parse_region(text, at_end)`` returning a
+    ``RegionParse`` (the calls, and where the format's markup starts and ends) or None for
+    "not a call (yet)", its closers (``CALL_SELF_CLOSERS``, ``REGION_END_MARKERS``,
+    ``WRAPPER_CLOSERS``) and a ``TEMPLATE_SIGNATURE`` that ``--tool-call-parser auto``
+    looks for in the chat template rendered with tools. The core reads the stream; a
+    format never does. Names are unique across plugins.
     """
 
 
