@@ -71,7 +71,9 @@ class ParallelConfig:
 @dataclass
 class CompilationConfig:
     enforce_eager: bool = opt(False, ("--enforce-eager",), "disable CUDA graph capture; run eagerly")
-    level: int = opt(3, ("--level",), "compilation level 0-3; 3 = torch.compile", choices=(0, 1, 2, 3))
+    # The guide's default is 3 (torch.compile); not built yet, so 0 (eager + CUDA graphs).
+    level: int = opt(0, ("--level",), "compilation level 0-3; only 0 (eager, CUDA-graph decode) so far",
+                     choices=(0, 1, 2, 3))
     cudagraph_capture_sizes: list[int] = opt(
         DEFAULT_CAPTURE_SIZES, ("--cudagraph-capture-sizes",), "batch sizes captured as CUDA graphs",
         nargs="+",
@@ -164,6 +166,11 @@ class Config:
             raise ConfigError("--enable-expert-parallel / --enable-dp-attention are not supported yet")
         if c.kv_cache_dtype == "fp8":
             raise ConfigError("--kv_cache_dtype fp8 is not supported yet; use bf16 (the default)")
+        if self.compilation_config.level != 0:
+            raise ConfigError(
+                f"--level {self.compilation_config.level} (torch.compile) is not supported yet; "
+                "use --level 0 (eager prefill, CUDA-graph decode)"
+            )
         if self.speculative_config.method is not None:
             raise ConfigError(f"speculative decoding (--method {self.speculative_config.method}) is not supported yet")
         if m.trust_remote_code:

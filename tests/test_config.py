@@ -23,7 +23,7 @@ def test_defaults_follow_the_serving_guide():
     assert c.scheduler_config.max_model_len is None
     assert c.scheduler_config.scheduler_delay_factor == 0.0
     assert c.compilation_config.enforce_eager is False
-    assert c.compilation_config.level == 3
+    assert c.compilation_config.level == 0  # the guide's 3 is torch.compile, not built yet
     assert c.compilation_config.cudagraph_capture_sizes[:4] == [1, 2, 4, 8]
     assert c.compilation_config.cudagraph_capture_sizes[-1] == 256
     assert c.observability_config.enable_log_stats is True
@@ -80,6 +80,7 @@ def test_load_dummy_forms(argv, mode):
         (["--block-size", "12"], "power of two"),
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
         (["--enable-expert-parallel"], "not supported yet"),
+        (["--level", "3"], "torch.compile"),
     ],
 )
 def test_unimplemented_or_invalid_flags_are_refused(argv, message):
