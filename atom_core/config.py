@@ -33,7 +33,7 @@ class CacheConfig:
         0.9, ("--gpu-memory-utilization",), "fraction of GPU memory the engine may use (0, 1]"
     )
     kv_cache_dtype: str = opt(
-        "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"), "KV cache dtype: bf16 or fp8",
+        "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"), "KV cache dtype: bf16 (the cache is kept in the model's --dtype) or fp8 (not supported yet)",
         choices=("bf16", "fp8", "auto"),
     )
     enable_prefix_caching: bool = opt(
