@@ -6,6 +6,7 @@ from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul
 from atom_core.ops.native.moe import fused_moe
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
+from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
 from atom_core.ops.native.rotary import rotary_embedding
 
 NATIVE_OPS = {
@@ -14,6 +15,7 @@ NATIVE_OPS = {
     "silu_and_mul": silu_and_mul,
     "rotary_embedding": rotary_embedding,
     "fused_moe": fused_moe,
+    "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
 }
 
 

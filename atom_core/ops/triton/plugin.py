@@ -44,6 +44,7 @@ def usable() -> bool:
 def triton_ops() -> dict:
     from atom_core.ops.triton.activation import silu_and_mul
     from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
+    from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write
     from atom_core.ops.triton.rotary import rotary_embedding
 
     return {
@@ -51,6 +52,7 @@ def triton_ops() -> dict:
         "fused_add_rms_norm": fused_add_rms_norm,
         "silu_and_mul": silu_and_mul,
         "rotary_embedding": rotary_embedding,
+        "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
     }
 
 
