@@ -1,0 +1,137 @@
+"""Routed experts as two grouped GEMMs over expert-sorted rows (the ``fused_moe`` op).
+
+Same contract as ``atom_core.ops.native.moe.fused_moe``. The (token, slot) pairs are laid
+out by expert in blocks of BLOCK_M rows (``moe_align``); then
+
+1. ``_gate_up_kernel``: per block, gather the tokens' hidden rows, multiply by the block's
+   expert's ``w13`` and write ``silu(gate) * up`` to an intermediate [rows, I] (the
+   activation is fused: gate and up tiles are accumulated side by side);
+2. ``_down_kernel``: multiply the intermediate by ``w2[e]``, scale by the routing weight
+   and write each pair's contribution to its own row of an fp32 [T*k, H] buffer, which
+   torch sums over k.
+
+The per-pair buffer, not atomic adds into [T, H]: the k contributions are then summed in
+a fixed order, so the output is bitwise reproducible run to run (atomics add in whatever
+order the programs finish), and it is as graph-safe (fixed shape, one memset). It costs
+T*k*H*4 bytes and one small reduction, little next to the weight traffic of the GEMMs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
+from atom_core.ops.triton.moe_align import align_by_expert
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:  # past the last expert's segment
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pairs_ptr + rows)
+    valid = pair < num_pairs
+    token = (pair // top_k).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inter
+    ks = tl.arange(0, BLOCK_K)
+    w_base = w_ptr + expert * w_stride_e
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        kk = k0 + ks
+        k_ok = kk < hidden
+        a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
+        wg = tl.load(w_base + w_off, mask=w_mask, other=0.0)
+        wu = tl.load(w_base + inter * w_stride_n + w_off, mask=w_mask, other=0.0)
+        gate = tl.dot(a, wg, gate, input_precision=PRECISION)
+        up = tl.dot(a, wu, up, input_precision=PRECISION)
+    # Round where the native op does (gate_up, silu, product in the model dtype), so
+    # both paths see the same intermediate up to accumulation order.
+    dt = out_ptr.dtype.element_ty
+    g = gate.to(dt).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    act = (s * up.to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * inter + cols[None, :], act, mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
+    pairs_ptr, block_expert_ptr, num_pairs, hidden, inter,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pairs_ptr + rows)
+    valid = pair < num_pairs
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    ks = tl.arange(0, BLOCK_K)
+    w_base = w_ptr + expert * w_stride_e
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        kk = k0 + ks
+        k_ok = kk < inter
+        a_off = rows[:, None].to(tl.int64) * inter + kk[None, :]
+        a = tl.load(act_ptr + a_off, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
+        w = tl.load(w_base + w_off, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    scale = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    # The expert's output is rounded to the model dtype (as F.linear's is), then weighted in fp32.
+    y = acc.to(act_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
+    out_off = pair[:, None].to(tl.int64) * hidden + cols[None, :]
+    tl.store(out_ptr + out_off, y, mask=valid[:, None] & col_ok[None, :])
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """[T, H] MoE output; ``config`` overrides the table's block sizes (for tuning)."""
+    num_tokens, top_k = topk_ids.shape
+    num_experts, inter2, hidden_size = w13.shape
+    inter = inter2 // 2
+    num_pairs = num_tokens * top_k
+    if config is None:
+        config = get_config(num_tokens, top_k, num_experts, hidden_size, inter)
+    block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, block_m)
+    capacity = sorted_pairs.numel()
+    precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
+    act = torch.empty((capacity, inter), dtype=hidden.dtype, device=hidden.device)
+    _gate_up_kernel[(capacity // block_m, triton.cdiv(inter, block_n))](
+        x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
+        sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
+    )
+    # Zeroed: pairs with an out-of-range id have no row, so no program writes theirs.
+    per_pair = torch.zeros((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
+    _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
+        act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
+        sorted_pairs, block_expert, num_pairs, hidden_size, inter,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
+    )
+    return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)

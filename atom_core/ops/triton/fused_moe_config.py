@@ -1,0 +1,47 @@
+"""Block sizes for the fused-MoE kernels, looked up by (tokens bucket, hidden, inter).
+
+``TUNED`` holds what ``bench/tune_fused_moe.py`` found best on a GPU for a model's
+(H, I), per power-of-two token bucket; shapes it lacks fall back to ``default_config``,
+picked from the expected rows per expert (T * k / E), which decides how much of each
+BLOCK_M tile is real work.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class MoeConfig(TypedDict):
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    num_warps: int
+    num_stages: int
+
+
+# (hidden, inter) -> {token bucket: config}; filled from bench/tune_fused_moe.py output.
+TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {}
+
+
+def token_bucket(num_tokens: int) -> int:
+    """The power of two at or above num_tokens (1, 2, 4, ...)."""
+    return 1 << max(0, num_tokens - 1).bit_length()
+
+
+def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
+    rows_per_expert = num_tokens * top_k / num_experts
+    if rows_per_expert <= 16:  # decode: mostly padding, keep M small and stream weights
+        return MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+    if rows_per_expert <= 64:
+        return MoeConfig(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    return MoeConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+
+
+def get_config(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int) -> MoeConfig:
+    table = TUNED.get((hidden, inter))
+    if table:
+        bucket = token_bucket(num_tokens)
+        # The nearest tuned bucket at or above this one, else the largest tuned.
+        above = [b for b in table if b >= bucket]
+        return table[min(above) if above else max(table)]
+    return default_config(num_tokens, top_k, num_experts)

@@ -1,0 +1,98 @@
+"""The Triton fused_moe (and its expert alignment) vs the native reference, on CPU
+through TRITON_INTERPRET=1 with tiny shapes. Skipped where triton is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
+from atom_core.ops.triton.fused_moe import fused_moe  # noqa: E402
+from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config, token_bucket  # noqa: E402
+from atom_core.ops.triton.moe_align import align_by_expert, aligned_capacity  # noqa: E402
+from tests.ops.reference import rel_err, tolerance  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Small tiles keep the interpreter quick; BLOCK_K below H and I exercises the K loop.
+TINY = MoeConfig(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1)
+
+
+def moe_inputs(tokens, experts, top_k, hidden, inter, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=g) / inter**0.5
+    weights = torch.rand(tokens, top_k, generator=g)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    return [t.to(DEVICE) for t in (x.to(dtype), w13.to(dtype), w2.to(dtype), weights, ids)]
+
+
+def check(x, w13, w2, weights, ids, config=TINY):
+    got = fused_moe(x, w13, w2, weights, ids, config=config)
+    ref = native_fused_moe(x, w13, w2, weights, ids)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    assert rel_err(got, ref) < tolerance(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens,top_k", [(1, 1), (5, 1), (7, 3), (19, 2)])
+def test_matches_native(dtype, tokens, top_k):
+    # H and I not multiples of the tiles: masked edges in every dimension.
+    check(*moe_inputs(tokens, 6, top_k, 40, 24, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_uneven_loads_and_idle_experts(dtype):
+    x, w13, w2, weights, _ = moe_inputs(21, 8, 2, 32, 16, dtype)
+    # Expert 1 takes all 21 tokens (two blocks of 16, the second mostly padding), 7 and 3
+    # take 10 each and 6 one; experts 0, 2, 4 and 5 get none.
+    second = torch.tensor([7 if t % 2 == 0 else 3 for t in range(21)])
+    second[4] = 6
+    ids = torch.stack([torch.ones(21, dtype=torch.long), second], dim=1).to(DEVICE)
+    check(x, w13, w2, weights, ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_out_of_range_ids_are_skipped(dtype):
+    x, w13, w2, weights, ids = moe_inputs(9, 5, 3, 32, 16, dtype)
+    ids[0, 1], ids[3, 0], ids[5, 2] = -1, 5, 100
+    ids[7] = -1  # a token with no expert of this rank: its output is zero
+    check(x, w13, w2, weights, ids)
+    assert not fused_moe(x, w13, w2, weights, ids, config=TINY)[7].any()
+
+
+def test_default_config_path():
+    # No config: the table's default for these shapes (BLOCK_M 16 at this load).
+    check(*moe_inputs(3, 4, 2, 64, 32, torch.float32), config=None)
+
+
+@pytest.mark.parametrize("block_m", [1, 4, 16])
+def test_align_layout(block_m):
+    experts, g = 5, torch.Generator().manual_seed(3)
+    ids = torch.randint(-1, experts + 2, (11, 3), generator=g)
+    pairs, block_expert = align_by_expert(ids, experts, block_m)
+    flat = ids.reshape(-1)
+    assert pairs.numel() == aligned_capacity(flat.numel(), experts, block_m)
+    assert block_expert.numel() == pairs.numel() // block_m
+    real = pairs < flat.numel()
+    # Every in-range pair once, none of the others.
+    in_range = ((flat >= 0) & (flat < experts)).nonzero().flatten()
+    assert torch.equal(pairs[real].long().sort().values, in_range)
+    # Each block holds one expert's pairs, in token order, and unused blocks none.
+    for b, e in enumerate(block_expert.tolist()):
+        rows = pairs[b * block_m : (b + 1) * block_m]
+        rows = rows[rows < flat.numel()].long()
+        if e < 0:
+            assert rows.numel() == 0
+        else:
+            assert (flat[rows] == e).all() and torch.equal(rows, rows.sort().values)
+    assert block_expert[block_expert >= 0].diff().ge(0).all()
+
+
+def test_config_table():
+    assert [token_bucket(t) for t in (1, 2, 3, 32, 33, 256)] == [1, 2, 4, 32, 64, 256]
+    small = get_config(1, 8, 128, 2048, 768)
+    large = get_config(4096, 8, 128, 2048, 768)
+    assert small["BLOCK_M"] <= large["BLOCK_M"]
