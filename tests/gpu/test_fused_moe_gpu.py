@@ -1,0 +1,134 @@
+"""The Triton fused_moe against the native reference on the GPU: dtypes, the real MoE
+shapes at decode and prefill sizes, several block configs, CUDA-graph replay and
+run-to-run determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+triton = pytest.importorskip("triton")
+
+from atom_core.ops import resolve_op  # noqa: E402
+from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
+from atom_core.ops.triton.fused_moe import fused_moe  # noqa: E402
+from atom_core.ops.triton.fused_moe_config import MoeConfig  # noqa: E402
+from tests.ops.reference import rel_err, tolerance  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# (experts, top_k, hidden, inter): a small one, Qwen3-30B-A3B and DeepSeek-V2-Lite.
+SHAPES = {
+    "small": (8, 2, 256, 96),
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "deepseek-v2-lite": (64, 6, 2048, 1408),
+}
+_weights: dict = {}
+
+
+def expert_weights(experts, hidden, inter, dtype):
+    key = (experts, hidden, inter, dtype)
+    if key not in _weights:
+        _weights.clear()  # one shape's weights at a time (the real ones are GBs in fp32)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        w13 = torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) / hidden**0.5
+        w2 = torch.randn(experts, hidden, inter, device="cuda", generator=g) / inter**0.5
+        _weights[key] = (w13.to(dtype), w2.to(dtype))
+    return _weights[key]
+
+
+def routed(tokens, experts, top_k, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(tokens, experts, device="cuda", generator=g)
+    weights, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+def inputs(shape, tokens, dtype, seed=1):
+    experts, top_k, hidden, inter = SHAPES[shape]
+    w13, w2 = expert_weights(experts, hidden, inter, dtype)
+    x = torch.randn(tokens, hidden, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+    weights, ids = routed(tokens, experts, top_k, seed)
+    return x.to(dtype), w13, w2, weights, ids
+
+
+def check(x, w13, w2, weights, ids, config=None):
+    got = fused_moe(x, w13, w2, weights, ids, config=config)
+    ref = native_fused_moe(x, w13, w2, weights, ids)
+    assert got.dtype == ref.dtype
+    assert rel_err(got, ref) < tolerance(x.dtype)
+    return got
+
+
+def test_registered_for_cuda():
+    assert "triton" in resolve_op("fused_moe", "cuda").__module__
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 32, 256])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_matches_native(dtype, tokens, shape):
+    check(*inputs(shape, tokens, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_out_of_range_ids(dtype, shape):
+    # Expert parallelism: ids another rank owns arrive as -1 (or >= E); they add nothing.
+    x, w13, w2, weights, ids = inputs(shape, 64, dtype)
+    ids = ids.clone()
+    ids[::3, 0] = -1
+    ids[1::5, -1] = w13.shape[0]
+    ids[7] = -1
+    got = check(x, w13, w2, weights, ids)
+    assert not got[7].any()
+
+
+def test_skewed_load():
+    # Every token on the same few experts: one long segment, most experts idle.
+    x, w13, w2, weights, ids = inputs("qwen3-30b-a3b", 256, torch.bfloat16)
+    ids = torch.arange(8, device="cuda").expand(256, 8).contiguous()
+    check(x, w13, w2, weights, ids)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=2),
+        MoeConfig(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+        MoeConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+        MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=2),
+    ],
+    ids=lambda c: "M{BLOCK_M}N{BLOCK_N}K{BLOCK_K}w{num_warps}s{num_stages}".format(**c),
+)
+@pytest.mark.parametrize("tokens", [1, 256])
+def test_block_configs(config, tokens):
+    check(*inputs("deepseek-v2-lite", tokens, torch.bfloat16), config=config)
+
+
+def test_deterministic():
+    args = inputs("qwen3-30b-a3b", 256, torch.bfloat16)
+    assert torch.equal(fused_moe(*args), fused_moe(*args))
+
+
+@pytest.mark.parametrize("tokens", [1, 32])
+def test_cuda_graph_replay(tokens):
+    """Captured once, replayed with other routing: the alignment must not read the device
+    from the host (capture would fail) nor bake the capture-time routing in."""
+    x, w13, w2, weights, ids = inputs("qwen3-30b-a3b", tokens, torch.bfloat16)
+    fused_moe(x, w13, w2, weights, ids)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, w13, w2, weights, ids)
+    for seed in (2, 3):
+        nx, _, _, nweights, nids = inputs("qwen3-30b-a3b", tokens, torch.bfloat16, seed=seed)
+        nids[0, 0] = -1
+        x.copy_(nx)
+        weights.copy_(nweights)
+        ids.copy_(nids)
+        graph.replay()
+        ref = native_fused_moe(x, w13, w2, weights, ids)
+        assert rel_err(out, ref) < tolerance(torch.bfloat16)
