@@ -14,7 +14,14 @@ class AttentionBackend:
     ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (K then V). ``forward`` writes
     the new tokens' K/V into the cache at ``meta.slot_mapping`` and returns attention of
     the new queries over each sequence's whole context, causal within the sequence.
+
+    A backend with ``accepts_written_cache`` also takes ``forward(..., cache_written=True)``:
+    a fused op (e.g. ``qk_norm_rope_cache_write``) has already stored K/V at the slots,
+    so the backend skips its own write. Only backends over the dense cache layout above
+    can accept it; the default is False, and then the keyword is never passed.
     """
+
+    accepts_written_cache: bool = False
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -33,5 +40,6 @@ class AttentionBackend:
         v: torch.Tensor,  # [T, num_kv_heads * head_dim]
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
+        cache_written: bool = False,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         raise NotImplementedError

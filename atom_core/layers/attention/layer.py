@@ -47,7 +47,15 @@ class Attention(nn.Module):
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(num_blocks, block_size, self.num_kv_heads, self.head_dim)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    @property
+    def accepts_written_cache(self) -> bool:
+        """True when the backend can skip its K/V write (``forward(..., cache_written=True)``)
+        because a fused op such as ``qk_norm_rope_cache_write`` stored them in ``kv_cache``."""
+        return self.backend.accepts_written_cache
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_written: bool = False
+    ) -> torch.Tensor:
         try:
             meta = get_forward_context()
         except RuntimeError:
@@ -60,6 +68,14 @@ class Attention(nn.Module):
                 "Attention.kv_cache is not set: the model runner must assign each layer of "
                 "model.attention_layers() a tensor of layer.kv_cache_shape(num_blocks, block_size)"
             )
+        if cache_written:
+            if not self.accepts_written_cache:
+                raise RuntimeError(
+                    f"attention backend {self.backend_name!r} writes its own K/V cache; "
+                    "call forward(q, k, v) without cache_written"
+                )
+            return self.backend.forward(q, k, v, self.kv_cache, meta, cache_written=True)
+        # Without the keyword, so backends predating it keep working.
         return self.backend.forward(q, k, v, self.kv_cache, meta)
 
     def extra_repr(self) -> str:

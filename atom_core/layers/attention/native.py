@@ -24,6 +24,8 @@ class NativeAttentionBackend(AttentionBackend):
     masked ones are zeroed in the gathered copy, so stale NaN/inf cannot leak through.
     """
 
+    accepts_written_cache = True
+
     def forward(
         self,
         q: torch.Tensor,
@@ -31,12 +33,14 @@ class NativeAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
+        cache_written: bool = False,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        self.write_cache(k, v, kv_cache, meta.slot_mapping)
+        if not cache_written:
+            self.write_cache(k, v, kv_cache, meta.slot_mapping)
 
         if meta.is_decode_only:
             out = self._decode(

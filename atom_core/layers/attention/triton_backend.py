@@ -29,6 +29,7 @@ class TritonAttentionBackend(AttentionBackend):
     """MHA/GQA over the common ``[2, num_blocks, block_size, kv_heads, head_dim]`` cache."""
 
     cuda_graph_safe = True
+    accepts_written_cache = True
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         super().__init__(num_heads, head_dim, num_kv_heads, scale)
@@ -41,9 +42,11 @@ class TritonAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
+        cache_written: bool = False,
     ) -> torch.Tensor:
         num_tokens = q.shape[0]
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        if not cache_written:
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping)
         q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
         out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
         if self._sms is None:

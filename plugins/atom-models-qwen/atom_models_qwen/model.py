@@ -13,10 +13,12 @@ import torch
 from torch import nn
 
 from atom_core.layers.attention.layer import Attention
+from atom_core.layers.context import get_build_context, get_forward_context
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel, GatedMLP
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import get_rope, rope_config
+from atom_core.ops import resolve_op
 
 
 class Qwen3Attention(nn.Module):
@@ -39,10 +41,23 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(
             self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
         )
+        # Norms, RoPE and the K/V cache write in one op, where the backend lets it write
+        # the cache; otherwise the unfused path below.
+        self._fused = None
+        if self.attn.accepts_written_cache:
+            self._fused = resolve_op("qk_norm_rope_cache_write", get_build_context().device)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self._fused is not None and self.attn.kv_cache is not None:
+            rope = self.rotary_emb
+            q, k = self._fused(
+                q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
+                rope.cos_sin_cache, self.attn.kv_cache, get_forward_context().slot_mapping,
+                rope.is_neox,
+            )
+            return self.o_proj(self.attn(q, k, v, cache_written=True))
         # Per-head norms: view each token's heads as rows of head_dim.
         q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
         k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
