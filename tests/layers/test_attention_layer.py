@@ -39,3 +39,21 @@ def test_forward_without_context_or_cache_says_what_is_missing():
     layer.kv_cache = torch.zeros(layer.kv_cache_shape(4, 4))
     with forward_context(meta):
         assert layer(q, k, v).shape == (3, 32)
+
+
+def test_cache_written_skips_the_write_and_is_refused_where_unsupported():
+    layer = Attention(4, 8, 0.5, 2)
+    assert layer.accepts_written_cache
+    q, k, v = torch.randn(3, 32), torch.randn(3, 16), torch.randn(3, 16)
+    kv = PagedKV(num_blocks=4, block_size=4)
+    meta, _ = kv.step([kv.add_sequence()], [3])
+    layer.kv_cache = torch.full(layer.kv_cache_shape(4, 4), float("nan"))
+    with forward_context(meta):
+        out = layer(q, k, v, cache_written=True)  # a fresh prefill: attends over k, v alone
+    assert layer.kv_cache.isnan().all()  # the caller's fused op owns the write
+    layer.kv_cache.zero_()
+    with forward_context(meta):
+        assert torch.equal(layer(q, k, v), out)
+    layer.backend.accepts_written_cache = False  # e.g. a backend with its own cache layout
+    with forward_context(meta), pytest.raises(RuntimeError, match="cache_written"):
+        layer(q, k, v, cache_written=True)
