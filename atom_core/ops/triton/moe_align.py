@@ -40,7 +40,7 @@ def align_by_expert(
     sorted_eid = eid[order]
     starts = torch.cumsum(counts, 0) - counts
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0
+    padded[num_experts:].zero_()  # in place: a scalar assignment copies from the host (not capturable)
     padded_ends = torch.cumsum(padded, 0)
     padded_starts = padded_ends - padded
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
