@@ -8,17 +8,16 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 pytest.importorskip("triton")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
 
 import atom_core.layers.rotary as rotary  # noqa: E402
 import atom_core.ops.triton.plugin as triton_plugin  # noqa: E402
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
 from atom_core.plugins import reset_plugins  # noqa: E402
 from atom_core.sampling_params import SamplingParams  # noqa: E402
+from tests.engine_reference import hf_greedy, hf_model
 from tests.tiny_models import tiny_model_dir  # noqa: E402
 
 NEW_TOKENS = 12
@@ -33,20 +32,6 @@ def triton_everywhere(monkeypatch):
     reset_plugins()
     yield
     reset_plugins()
-
-
-def hf_greedy(path, prompts: list[list[int]]) -> list[list[int]]:
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = hf.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None,
-            )
-            outs.append(out[0, len(p) :].tolist())
-    return outs
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
@@ -65,5 +50,5 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere):
     engine.runner._execute_decode = lambda seqs: calls.append(len(seqs)) or fast(seqs)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = engine.generate(prompts, params)
-    assert [o["token_ids"] for o in outs] == hf_greedy(path, prompts)
+    assert [o["token_ids"] for o in outs] == hf_greedy(hf_model(path), prompts, NEW_TOKENS)
     assert len(calls) >= NEW_TOKENS - 2 and max(calls) == len(prompts)
