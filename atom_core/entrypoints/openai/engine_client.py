@@ -77,8 +77,15 @@ class EngineClient:
         self._out = self._ctx.socket(zmq.PUSH)
         self._in = self._ctx.socket(zmq.PULL)
         port = config.observability_config.port
-        self._out.bind(f"tcp://127.0.0.1:{port}")
-        self._in.bind(f"tcp://127.0.0.1:{port + 1}")
+        try:
+            self._out.bind(f"tcp://127.0.0.1:{port}")
+            self._in.bind(f"tcp://127.0.0.1:{port + 1}")
+        except zmq.ZMQError as exc:
+            self._ctx.destroy(linger=0)
+            raise ConfigError(
+                f"cannot bind the engine ports {port} and {port + 1} on 127.0.0.1 ({exc}); "
+                "another server may be using them: pass a different --port"
+            ) from exc
         spawn = mp.get_context("spawn")
         self.process = spawn.Process(
             target=run_engine_core,
