@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from atom_core.engine.detokenizer import IncrementalDetokenizer
+from atom_core.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from tests.tiny_tokenizer import SPECIAL, tiny_tokenizer
 
 TEXTS = [
@@ -89,3 +89,39 @@ def test_earliest_of_several_stop_strings_wins():
     detok = IncrementalDetokenizer(tok, [], stop_strings=["today", "How"])
     assert "".join(_stream(detok, ids)) == "Hello world! "
     assert detok.stopped_on == "How"
+
+
+def _tokenizers():
+    from atom_core.loader import embedded_model_path
+    from atom_core.loader.gguf_loader import GGUFFile
+
+    return [tiny_tokenizer(), GGUFFile(embedded_model_path()).load_tokenizer()]
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_fast_decoder_equals_tokenizer_decode(skip_special):
+    # The Rust-backend shortcut must decode exactly as transformers does, specials included.
+    rng = random.Random(1)
+    for tok in _tokenizers():
+        decode = fast_decoder(tok, skip_special)
+        ids_pool = list(range(min(len(tok), 50000)))
+        for _ in range(40):
+            ids = rng.choices(ids_pool, k=rng.randrange(1, 12))
+            assert decode(ids) == tok.decode(ids, skip_special_tokens=skip_special)
+
+
+def test_fast_decoder_keeps_transformers_cleanup():
+    # A tokenizer that post-processes (clean_up_tokenization_spaces) goes through decode().
+    tok = tiny_tokenizer()
+    calls = []
+
+    class Wrapped:
+        backend_tokenizer = tok.backend_tokenizer
+        clean_up_tokenization_spaces = True
+
+        def decode(self, ids, skip_special_tokens):
+            calls.append(ids)
+            return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    assert fast_decoder(Wrapped(), True)([72, 105]) == tok.decode([72, 105])
+    assert calls == [[72, 105]]
