@@ -1,15 +1,17 @@
 """Mixture-of-experts: the router (``TopKRouter``, HF's ``gate``) and the routed experts
 (``FusedMoE``, HF's ``experts``) over the registry's ``fused_moe`` op.
 
-Models compose them: ``weights, ids = gate(x); out = experts(x, weights, ids)``, plus a
-shared-expert MLP where the architecture has one. The shared expert stays a separate MLP
-added to the routed output: folding it into the routed GEMM as an always-chosen expert is
-a GPU-kernel layout concern (one grouped GEMM instead of two launches) and changes nothing
-on CPU, so the native path keeps them apart.
+Models compose them: ``weights, ids = gate(x); out = experts(x, weights, ids)``. A shared
+expert (DeepSeek's ``shared_experts``) folds into the same call: a SwiGLU MLP of
+intermediate size n*I is exactly the sum of n SwiGLU experts of size I (its gate/up rows
+and down columns cut into n chunks), so ``FusedMoE(..., num_shared_experts=n)`` stacks n
+more experts after the routed ones and every token selects them with weight 1.0. One
+grouped GEMM pair then does what took a second MLP's three launches and an add.
 
 ``load_hf_moe_weights`` is ``load_hf_weights`` that also understands per-expert checkpoint
-tensors (``...experts.<e>.gate_proj.weight`` etc.) and transformers' stacked
-``...experts.gate_up_proj`` / ``...experts.down_proj``.
+tensors (``...experts.<e>.gate_proj.weight`` etc.), transformers' stacked
+``...experts.gate_up_proj`` / ``...experts.down_proj``, and the shared MLP's
+``...shared_experts.gate_proj.weight`` etc. where the sibling FusedMoE holds shared experts.
 """
 
 from __future__ import annotations
@@ -134,27 +136,40 @@ _PER_EXPERT = re.compile(
     r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
 )
 _STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+# A shared-expert MLP beside the experts: ``<prefix>.shared_experts`` next to ``<prefix>.experts``.
+_SHARED = re.compile(r"^(?P<prefix>.*)\.shared_experts\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 
 
 class FusedMoE(nn.Module):
-    """The routed experts' weights, stacked: ``w13_weight`` [E, 2I, H] (gate rows, then up
-    rows) and ``w2_weight`` [E, H, I]; ``forward(x, topk_weights, topk_ids)`` runs the
-    ``fused_moe`` op. With tensor parallelism each rank holds a slice of I (the partial
-    sums are all-reduced once TP lands, as for RowParallelLinear)."""
+    """The experts' weights, stacked: ``w13_weight`` [E, 2I, H] (gate rows, then up rows)
+    and ``w2_weight`` [E, H, I]; ``forward(x, topk_weights, topk_ids)`` runs the
+    ``fused_moe`` op. With ``num_shared_experts`` n, E counts n always-selected experts
+    after the ``num_experts`` routed ones (see the module docstring). With tensor
+    parallelism each rank holds a slice of I (the partial sums are all-reduced once TP
+    lands, as for RowParallelLinear)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, *, num_shared_experts: int = 0
+    ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank_and_size()
         if intermediate_size % self.tp_size:
             raise ValueError(f"{intermediate_size} is not divisible by tensor parallel size {self.tp_size}")
         self.num_experts = num_experts
+        self.num_shared_experts = num_shared_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size // self.tp_size
-        inter = self.intermediate_size
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        inter, total = self.intermediate_size, num_experts + num_shared_experts
+        self.w13_weight = nn.Parameter(torch.empty(total, 2 * inter, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(total, hidden_size, inter), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
+        # The slots every token appends for the shared experts. Constant, so built once
+        # here: forward runs inside CUDA graph capture and must not rebuild them per call.
+        self.register_buffer("shared_ids", torch.arange(num_experts, total), persistent=False)
+        self.register_buffer(
+            "shared_weights", torch.ones(num_shared_experts, dtype=torch.float32), persistent=False
+        )
         self._op = resolve_op("fused_moe", get_build_context().device)
 
     def weight_loader(
@@ -165,7 +180,8 @@ class FusedMoE(nn.Module):
         expert_id: int | None = None,
     ) -> None:
         """One expert's ``w1`` (gate [I, H]), ``w3`` (up [I, H]) or ``w2`` (down [H, I]); or,
-        with ``expert_id`` None, the whole stacked tensor ([E, 2I, H] or [E, H, I])."""
+        with ``expert_id`` None, the routed experts' whole stacked tensor ([E, 2I, H] or
+        [E, H, I])."""
         inter, rank = self.intermediate_size, self.tp_rank
         if expert_id is None:
             if param is self.w13_weight:  # [E, 2I, H]: slice each half for this rank
@@ -175,7 +191,7 @@ class FusedMoE(nn.Module):
                 )
             else:
                 loaded_weight = loaded_weight.narrow(2, rank * inter, inter)
-            return default_weight_loader(param, loaded_weight)
+            return default_weight_loader(param.data.narrow(0, 0, self.num_experts), loaded_weight)
         target = param.data[expert_id]
         if shard_id == "w2":
             default_weight_loader(target, loaded_weight.narrow(1, rank * inter, inter))
@@ -185,13 +201,38 @@ class FusedMoE(nn.Module):
         else:
             raise ValueError(f"FusedMoE shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}")
 
+    def shared_weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str) -> None:
+        """The shared MLP's whole ``w1`` (gate [n*I, H]), ``w3`` (up [n*I, H]) or ``w2``
+        (down [H, n*I]): chunk j of I is shared expert j, loaded as expert num_experts + j."""
+        dim, full = (1 if shard_id == "w2" else 0), self.intermediate_size * self.tp_size
+        if not self.num_shared_experts or loaded_weight.shape[dim] != self.num_shared_experts * full:
+            raise ValueError(
+                f"shared expert tensor of shape {tuple(loaded_weight.shape)} does not fit "
+                f"{self.num_shared_experts} shared experts of intermediate size {full}"
+            )
+        for j, chunk in enumerate(loaded_weight.split(full, dim=dim)):
+            self.weight_loader(param, chunk, shard_id, self.num_experts + j)
+
     def forward(
         self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
+        if self.num_shared_experts:
+            num_tokens = topk_ids.shape[0]
+            shared_ids = self.shared_ids.to(topk_ids.dtype).expand(num_tokens, -1)
+            shared_weights = self.shared_weights.to(topk_weights.dtype).expand(num_tokens, -1)
+            topk_ids = torch.cat((topk_ids, shared_ids), dim=1)
+            topk_weights = torch.cat((topk_weights, shared_weights), dim=1)
         return self._op(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:
-        return f"experts={self.num_experts}, hidden={self.hidden_size}, inter={self.intermediate_size}"
+        return (
+            f"experts={self.num_experts}, shared={self.num_shared_experts}, "
+            f"hidden={self.hidden_size}, inter={self.intermediate_size}"
+        )
+
+
+def _stack_name(moe: str, shard: str) -> str:
+    return f"{moe}.{'w2_weight' if shard == 'w2' else 'w13_weight'}"
 
 
 def load_hf_moe_weights(
@@ -201,34 +242,45 @@ def load_hf_moe_weights(
     skip: tuple[str, ...] = ("rotary_emb.inv_freq",),
 ) -> set[str]:
     """``load_hf_weights``, with expert tensors routed into their FusedMoE's stacked
-    parameters. A stacked parameter counts as loaded once every expert's every part is."""
+    parameters. A stacked parameter counts as loaded once every expert's (routed and
+    shared) every part is, so a missing one leaves it out of the returned names."""
     params = dict(model.named_parameters())
+    moes = {name: m for name, m in model.named_modules() if isinstance(m, FusedMoE)}
     loaded: set[str] = set()
     parts: dict[str, set[tuple[int, str]]] = {}
+
+    def mark(target: str, got_parts: Iterable[tuple[int, str]]) -> None:
+        got = parts.setdefault(target, set())
+        got.update(got_parts)
+        if len(got) == params[target].shape[0] * (1 if target.endswith("w2_weight") else 2):
+            loaded.add(target)
 
     def non_expert() -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
             m = _PER_EXPERT.match(name)
-            if m is not None:
-                shard = EXPERT_SHARDS[m["proj"]]
-                target = f"{m['prefix']}.{'w2_weight' if shard == 'w2' else 'w13_weight'}"
-                param = params.get(target)
-                if param is None:
-                    yield name, tensor  # load_hf_weights names the unknown tensor
-                    continue
-                param.weight_loader(param, tensor, shard, int(m["expert"]))
-                got = parts.setdefault(target, set())
-                got.add((int(m["expert"]), shard))
-                if len(got) == param.shape[0] * (1 if shard == "w2" else 2):
-                    loaded.add(target)
+            if m is not None and m["prefix"] in moes:
+                moe, shard, expert = moes[m["prefix"]], EXPERT_SHARDS[m["proj"]], int(m["expert"])
+                if not 0 <= expert < moe.num_experts:
+                    raise ValueError(f"checkpoint tensor {name!r}: the model has {moe.num_experts} routed experts")
+                target = _stack_name(m["prefix"], shard)
+                params[target].weight_loader(params[target], tensor, shard, expert)
+                mark(target, [(expert, shard)])
                 continue
             m = _STACKED.match(name)
-            if m is not None:
-                target = f"{m['prefix']}.{'w2_weight' if m['proj'] == 'down_proj' else 'w13_weight'}"
-                if target in params:
-                    params[target].weight_loader(params[target], tensor)
-                    loaded.add(target)
-                    continue
+            if m is not None and m["prefix"] in moes:
+                shards = ("w2",) if m["proj"] == "down_proj" else ("w1", "w3")
+                target = _stack_name(m["prefix"], shards[0])
+                params[target].weight_loader(params[target], tensor)
+                mark(target, [(e, s) for e in range(moes[m["prefix"]].num_experts) for s in shards])
+                continue
+            m = _SHARED.match(name)
+            moe = moes.get(f"{m['prefix']}.experts") if m is not None else None
+            if m is not None and moe is not None and moe.num_shared_experts:
+                shard = EXPERT_SHARDS[m["proj"]]
+                target = _stack_name(f"{m['prefix']}.experts", shard)
+                moe.shared_weight_loader(params[target], tensor, shard)
+                mark(target, [(moe.num_experts + j, shard) for j in range(moe.num_shared_experts)])
+                continue
             yield name, tensor
 
     loaded |= load_hf_weights(model, non_expert(), stacked_params, skip)

@@ -1,5 +1,11 @@
-"""DeepSeek's feed-forward blocks: the dense SwiGLU MLP (the first layers, and the shared
-experts) and the MoE block (router + routed experts + shared experts).
+"""DeepSeek's feed-forward blocks: the dense SwiGLU MLP (the first layers) and the MoE block
+(router + routed experts + shared experts).
+
+The shared experts (one SwiGLU MLP of intermediate size ``n_shared_experts *
+moe_intermediate_size``) are folded into the routed ``FusedMoE`` as n always-selected
+experts of weight 1.0 (DeepSeek adds the shared output unscaled; ``routed_scaling_factor``
+is already in the routed weights), so one ``fused_moe`` call does both. The checkpoint's
+``shared_experts.*`` tensors load into those slots (``load_hf_moe_weights``).
 
 Routing, by architecture (both as transformers and DeepSeek's reference code route):
 - V2: softmax scores; ``topk_method`` "greedy" (plain top-k) or "group_limited_greedy"
@@ -24,7 +30,7 @@ from atom_core.layers.moe import FusedMoE, TopKRouter
 
 
 class DeepseekV2MLP(GatedMLP):
-    """The dense SwiGLU block (first layers and shared experts); named as transformers does."""
+    """The dense SwiGLU block of the first layers; named as transformers does."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu") -> None:
         super().__init__(hidden_size, intermediate_size, hidden_act=hidden_act)
@@ -58,8 +64,8 @@ def routing_options(config: Any, version: int) -> dict[str, Any]:
 
 
 class DeepseekV2MoE(nn.Module):
-    """``experts(x, *gate(x)) + shared_experts(x)``. The shared experts stay a separate MLP
-    (folding them into the routed GEMM is a GPU kernel's layout choice)."""
+    """``experts(x, *gate(x))``, the experts holding the shared experts too (see above): the
+    same sum as transformers' ``experts(x, ...) + shared_experts(x)``."""
 
     def __init__(self, config: Any, version: int) -> None:
         super().__init__()
@@ -68,15 +74,8 @@ class DeepseekV2MoE(nn.Module):
         self.gate = TopKRouter(
             hidden, num_experts, config.num_experts_per_tok, **routing_options(config, version)
         )
-        self.experts = FusedMoE(num_experts, hidden, inter)
         n_shared = getattr(config, "n_shared_experts", None) or 0
-        self.shared_experts = (
-            DeepseekV2MLP(hidden, inter * n_shared, config.hidden_act) if n_shared else None
-        )
+        self.experts = FusedMoE(num_experts, hidden, inter, num_shared_experts=n_shared)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        topk_weights, topk_ids = self.gate(x)
-        out = self.experts(x, topk_weights, topk_ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        return self.experts(x, *self.gate(x))

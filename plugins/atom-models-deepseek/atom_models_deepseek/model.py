@@ -1,11 +1,13 @@
 """DeepSeek-V2 and V3 for ATOM: MLA attention over a latent KV cache, a dense SwiGLU MLP in
 the first ``first_k_dense_replace`` layers and a mixture of experts (routed + shared) in
-every ``moe_layer_freq``-th layer after them.
+every ``moe_layer_freq``-th layer after them (the shared experts folded into the routed
+experts' fused call: see mlp.py).
 
 V2 and V3 differ in routing (see mlp.py) and RoPE layout: V2 rotates interleaved pairs
 (x0, x1), (x2, x3), ...; V3 too unless its config sets ``rope_interleave`` false. Parameter
 names follow transformers' except the fused ``gate_up_proj`` and the experts' stacked
-``w13_weight`` / ``w2_weight``, which ``load_weights`` fills from the checkpoint's tensors.
+``w13_weight`` / ``w2_weight`` (routed, then shared experts), which ``load_weights`` fills
+from the checkpoint's tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from atom_core.layers.moe import load_hf_moe_weights
 from atom_models_deepseek.attention import DeepseekV2Attention
 from atom_models_deepseek.mlp import DeepseekV2MLP, DeepseekV2MoE
 
-# Only the dense MLPs fuse checkpoint tensors; attention's projections load one to one.
+# Only the dense MLPs fuse checkpoint tensors here (load_hf_moe_weights takes the experts'
+# and shared experts' first); attention's projections load one to one.
 GATE_UP_PARAMS = ((".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
