@@ -1,121 +1,137 @@
-"""Decode latency (TPOT) on dummy-weight Qwen3 shapes: ATOM vs transformers' static cache,
-beside the HBM roofline measured in the same run.
+"""Decode latency (TPOT) on dummy-weight models (Qwen3 dense and MoE, DeepSeek-V2-Lite): ATOM
+vs transformers' static cache, beside the HBM roofline measured in the same run.
 
-    python bench/decode_latency.py [--models qwen3-0.6b qwen3-8b] [--batch-sizes 1 32]
-        [--prompt-len 512] [--output-len 256] [--profile] [--json bench/results/decode_latency.json]
+    python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 32]
+        [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
+        [--profile-batch-sizes 1 32] [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
-Roofline = (weight bytes + mean KV bytes read per step) / device-to-device copy bandwidth
-(read + write bytes per second of a 2 GiB copy, measured first). ``--profile`` adds a torch
-profiler per-kernel breakdown of batch-1 decode steps (graph replay and eager).
+Roofline = (weight bytes a step reads + mean KV bytes read per step) / device-to-device copy
+bandwidth (read + write bytes per second of a 2 GiB copy, measured first). A MoE step reads
+only the experts its tokens chose: after the timed run, 8 eager decode steps at the same
+batch size count the distinct experts per layer (forward hooks), and the roofline counts
+those plus every shared expert ("experts/layer"). ``--profile`` adds a torch profiler
+per-kernel breakdown of decode steps (graph replay and eager) at each profiled batch size.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import random
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_models import (  # noqa: E402
-    CONFIGS,
+    MODELS,
     config_path,
     copy_bandwidth,
+    decoding,
+    free_memory,
     hf_model,
+    kernel_table,
+    kv_bytes_per_token,
+    load_config,
     machine,
+    print_kernels,
+    profiler_activities,
+    random_prompts,
     randomize,
-    weight_bytes_per_step,
+    shared_experts,
+    step_bytes,
+    sync,
+    touched_experts,
+    uniform_experts_touched,
 )
 
-
-def prompts(batch: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(batch)]
+PROFILE_WARMUP = 4  # decode steps between the prefill and the profiled ones
 
 
-def kv_bytes_per_token(cfg: dict) -> int:
-    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
-
-
-def profile_steps(engine, cfg: dict, steps: int, graphs: bool) -> dict:
-    """Per-kernel CUDA time over ``steps`` batch-1 decode steps."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from atom_core.sampling_params import SamplingParams
+def profile_steps(engine, batch: int, prompt_len: int, steps: int, graphs: bool) -> dict:
+    """Per-kernel device time over ``steps`` decode steps of ``batch`` sequences, from CUDA
+    graphs or (``graphs=False``) eagerly."""
+    from torch.profiler import profile
 
     runner = engine.runner
     saved = runner.graphs
     if not graphs:
         runner.graphs = None
-    engine.add_request(prompts(1, ARGS.prompt_len, cfg["vocab_size"], 9),
-                       SamplingParams(temperature=0.0, max_tokens=steps + 40, ignore_eos=True))
-    for _ in range(20):
-        engine.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t0) / steps
-    while not engine.is_finished():
-        engine.step()
-    runner.graphs = saved
-    rows = []
-    total = 0.0
-    for evt in prof.key_averages():
-        t = getattr(evt, "self_device_time_total", None)
-        if t is None:
-            t = getattr(evt, "self_cuda_time_total", 0)
-        if t <= 0 or evt.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        rows.append({"kernel": evt.key[:90], "us_per_step": t / steps, "calls_per_step": evt.count / steps})
-        total += t / steps
-    rows.sort(key=lambda r: -r["us_per_step"])
-    return {"mode": "graph" if graphs else "eager", "wall_ms_per_step": wall * 1e3,
-            "gpu_kernel_ms_per_step": total / 1e3, "kernels": rows[:25]}
+    mode = "graph" if runner.graphs is not None else "eager"
+    prompts = random_prompts(batch, prompt_len, engine.hf_config.vocab_size, 9)
+    try:
+        with decoding(engine, prompts, PROFILE_WARMUP + steps + 8):
+            for _ in range(PROFILE_WARMUP):
+                engine.step()
+            sync(engine.device)
+            with profile(activities=profiler_activities(engine.device)) as prof:
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    engine.step()
+                sync(engine.device)
+                wall = (time.perf_counter() - t0) / steps
+    finally:
+        runner.graphs = saved
+    total, rows = kernel_table(prof.key_averages(), steps, engine.device)
+    return {"batch": batch, "mode": mode, "wall_ms_per_step": wall * 1e3,
+            "gpu_kernel_ms_per_step": total / 1e3, "kernels": rows}
+
+
+def experts_per_layer(touched: dict[str, float], cfg: dict) -> float | None:
+    """Mean experts a step reads per MoE layer: the routed ones touched plus the shared."""
+    if not touched:
+        return None
+    return sum(touched.values()) / len(touched) + shared_experts(cfg)
 
 
 def bench_atom(name: str, results: dict) -> None:
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.sampling_params import SamplingParams
 
-    cfg = CONFIGS[name]
-    max_len = ARGS.prompt_len + ARGS.output_len + 64
+    cfg = load_config(name)
+    sizes = sorted(set(ARGS.batch_sizes) | set(profile_sizes()))
+    # Room for the timed run and for the profiled and expert-counting decodes.
+    max_len = ARGS.prompt_len + max(ARGS.output_len, 64) + 64
     t0 = time.perf_counter()
     engine = LLMEngine(
         str(config_path(name)), load_dummy="empty", dtype="bfloat16", device="cuda",
-        enable_log_stats=False, max_model_len=max_len, max_num_seqs=max(ARGS.batch_sizes),
-        cudagraph_capture_sizes=sorted(set(ARGS.batch_sizes)), enforce_eager=ARGS.enforce_eager,
+        enable_log_stats=False, max_model_len=max_len, max_num_seqs=max(sizes),
+        cudagraph_capture_sizes=sizes, enforce_eager=ARGS.enforce_eager,
     )
     randomize(engine.runner.model)
-    startup = time.perf_counter() - t0
-    wbytes = weight_bytes_per_step(engine.runner.model)
-    results[name] = {"startup_s": startup, "weight_bytes": wbytes, "batches": {}}
+    model = engine.runner.model
+    results[name] = {"startup_s": time.perf_counter() - t0, "kv_blocks": engine.runner.num_blocks,
+                     "batches": {}}
     for bs in ARGS.batch_sizes:
-        ps = prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs)
+        ps = random_prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs)
         engine.generate(ps, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # warm-up
         params = SamplingParams(temperature=0.0, max_tokens=ARGS.output_len, ignore_eos=True)
         outs = engine.generate(ps, params)
         tpot = sum(o["tpot"] for o in outs) / len(outs)
+        touched = touched_experts(engine, ps, ARGS.expert_steps)
+        wbytes = step_bytes(model, bs, touched)
         kv = bs * kv_bytes_per_token(cfg) * (ARGS.prompt_len + ARGS.output_len / 2)
         roof = (wbytes + kv) / results["copy_bandwidth"]
+        per_layer = experts_per_layer(touched, cfg)
         results[name]["batches"][bs] = {
             "atom_tpot_ms": tpot * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / tpot,
-            "kv_bytes_per_step": kv, "ttft_ms": sum(o["ttft"] for o in outs) / len(outs) * 1e3,
+            "weight_bytes_per_step": wbytes, "kv_bytes_per_step": kv,
+            "ttft_ms": sum(o["ttft"] for o in outs) / len(outs) * 1e3,
+            "experts_per_layer": per_layer, "routed_experts_touched": touched,
+            "routed_experts_touched_if_uniform": uniform_experts_touched(cfg, bs) if touched else None,
         }
-        print(f"{name} bs={bs}: ATOM TPOT {tpot * 1e3:.3f} ms, roofline {roof * 1e3:.3f} ms", flush=True)
+        experts = f", {per_layer:.1f} experts/layer" if per_layer is not None else ""
+        print(f"{name} bs={bs}: ATOM TPOT {tpot * 1e3:.3f} ms, roofline {roof * 1e3:.3f} ms "
+              f"({wbytes / 1e9:.2f} GB weights{experts})", flush=True)
     if ARGS.profile:
-        results[name]["profile"] = [profile_steps(engine, cfg, 32, True), profile_steps(engine, cfg, 16, False)]
-    del engine
-    gc.collect()
-    torch.cuda.empty_cache()
+        results[name]["profile"] = []
+        for bs in profile_sizes():
+            if engine.runner.graphs is not None:
+                results[name]["profile"].append(profile_steps(engine, bs, ARGS.prompt_len, 32, True))
+            results[name]["profile"].append(profile_steps(engine, bs, ARGS.prompt_len, 16, False))
 
 
 def hf_generate(model, ids: torch.Tensor, **kw):
@@ -130,38 +146,71 @@ def hf_generate(model, ids: torch.Tensor, **kw):
 
 
 def timed_generate(model, ids: torch.Tensor, n: int, kw: dict) -> float:
-    torch.cuda.synchronize()
+    sync(ids.device)
     t0 = time.perf_counter()
     hf_generate(model, ids, max_new_tokens=n, min_new_tokens=n, **kw)
-    torch.cuda.synchronize()
+    sync(ids.device)
     return time.perf_counter() - t0
 
 
 @torch.inference_mode()
 def bench_hf(name: str, results: dict) -> None:
-    cfg = CONFIGS[name]
+    cfg = load_config(name)
+    n = ARGS.hf_output_len
     try:
         model = hf_model(name)
     except Exception as exc:  # report, do not lose the ATOM numbers
         results[name]["hf_error"] = f"{type(exc).__name__}: {exc}"
         return
+    results[name]["hf_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
     for bs in ARGS.batch_sizes:
-        ids = torch.tensor(prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs), device="cuda")
+        ids = torch.tensor(random_prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs), device=model.device)
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
                   eos_token_id=None, cache_implementation="static")
-
         try:
             timed_generate(model, ids, 8, kw)  # warm-up
             first = min(timed_generate(model, ids, 1, kw) for _ in range(2))
-            total = timed_generate(model, ids, ARGS.output_len, kw)
-            tpot = (total - first) / (ARGS.output_len - 1)
-            results[name]["batches"][bs]["hf_static_tpot_ms"] = tpot * 1e3
-            print(f"{name} bs={bs}: transformers static-cache TPOT {tpot * 1e3:.3f} ms", flush=True)
+            total = timed_generate(model, ids, n, kw)
+            tpot = (total - first) / (n - 1)
+            results[name]["batches"][bs].update(hf_static_tpot_ms=tpot * 1e3, hf_tokens_timed=n)
+            print(f"{name} bs={bs}: transformers static-cache TPOT {tpot * 1e3:.3f} ms "
+                  f"(over {n} tokens)", flush=True)
         except Exception as exc:
             results[name]["batches"][bs]["hf_error"] = f"{type(exc).__name__}: {exc}"
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
+            print(f"{name} bs={bs}: transformers failed: {exc}", flush=True)
+
+
+def profile_sizes() -> list[int]:
+    if not ARGS.profile:
+        return []
+    if ARGS.profile_batch_sizes:
+        return sorted(set(ARGS.profile_batch_sizes))
+    return sorted({min(ARGS.batch_sizes), max(ARGS.batch_sizes)})
+
+
+def save(results: dict) -> None:
+    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(ARGS.json).write_text(json.dumps(results, indent=1))
+
+
+def report(results: dict) -> None:
+    print("\n| model | batch | ATOM TPOT ms | HF static TPOT ms (tokens) | experts/layer | roofline ms | fraction |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ARGS.models:
+        if "atom_error" in results[name]:
+            print(f"| {name} | - | failed: {results[name]['atom_error'][:80]} | | | | |")
+        for bs, r in results[name].get("batches", {}).items():
+            hf = r.get("hf_static_tpot_ms")
+            hf = "-" if hf is None else f"{hf:.3f} ({r['hf_tokens_timed']})"
+            ex = r["experts_per_layer"]
+            ex = "-" if ex is None else f"{ex:.1f}"
+            print(f"| {name} | {bs} | {r['atom_tpot_ms']:.3f} | {hf} | {ex} | "
+                  f"{r['roofline_ms']:.3f} | {r['fraction_of_roofline']:.2f} |")
+    for name in ARGS.models:
+        for prof in results[name].get("profile", []):
+            print(f"\n{name} batch-{prof['batch']} {prof['mode']}: wall {prof['wall_ms_per_step']:.3f} ms/step, "
+                  f"GPU kernels {prof['gpu_kernel_ms_per_step']:.3f} ms/step")
+            print_kernels(prof["kernels"])
 
 
 def main() -> None:
@@ -169,37 +218,45 @@ def main() -> None:
     results["copy_bandwidth"] = copy_bandwidth()
     print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s", flush=True)
     for name in ARGS.models:
-        bench_atom(name, results)
-        Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ARGS.json).write_text(json.dumps(results, indent=1))
-        if not ARGS.skip_hf:
+        try:
+            bench_atom(name, results)  # the engine is gone before transformers' model is built
+        except Exception as exc:  # keep the other models' numbers
+            results.setdefault(name, {})["atom_error"] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        # Outside the handler: its traceback would keep the engine's frames (and GPU memory) alive.
+        results[name]["gpu_bytes_after_engine"] = free_memory()
+        print(f"{name}: {results[name]['gpu_bytes_after_engine'] / 2**30:.2f} GiB still allocated "
+              "after the engine", flush=True)
+        save(results)
+        if not ARGS.skip_hf and "atom_error" not in results[name]:
             bench_hf(name, results)
-        Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(ARGS.json).write_text(json.dumps(results, indent=1))
-    print("\n| model | batch | ATOM TPOT ms | HF static TPOT ms | roofline ms | fraction |")
-    print("|---|---|---|---|---|---|")
-    for name in ARGS.models:
-        for bs, r in results[name]["batches"].items():
-            hf = r.get("hf_static_tpot_ms")
-            print(f"| {name} | {bs} | {r['atom_tpot_ms']:.3f} | {hf if hf is None else f'{hf:.3f}'} | "
-                  f"{r['roofline_ms']:.3f} | {r['fraction_of_roofline']:.2f} |")
-    for name in ARGS.models:
-        for prof in results[name].get("profile", []):
-            print(f"\n{name} batch-1 {prof['mode']}: wall {prof['wall_ms_per_step']:.3f} ms/step, "
-                  f"GPU kernels {prof['gpu_kernel_ms_per_step']:.3f} ms/step")
-            for k in prof["kernels"][:12]:
-                print(f"  {k['us_per_step']:9.1f} us  x{k['calls_per_step']:5.1f}  {k['kernel']}")
+            results[name]["gpu_bytes_after_hf"] = free_memory()
+            save(results)
+    report(results)
 
 
-if __name__ == "__main__":
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--hf-output-len", type=int, default=64,
+                   help="tokens transformers generates in its timed run (eager MoE is slow)")
+    p.add_argument("--expert-steps", type=int, default=8,
+                   help="eager decode steps over which MoE experts touched are counted")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-batch-sizes", nargs="+", type=int, default=None,
+                   help="batch sizes to profile (default: the smallest and largest of --batch-sizes)")
     p.add_argument("--json", default="bench/results/decode_latency.json")
-    ARGS = p.parse_args()
+    args = p.parse_args(argv)
+    if args.hf_output_len < 2:
+        p.error("--hf-output-len must be at least 2 (TPOT needs a second token)")
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()
     main()

@@ -1,53 +1,40 @@
-"""Qwen3 architecture numbers (public facts) for the GPU benches, and helpers they share:
-a dummy-weight engine with random weights drawn on the GPU, transformers' model of the same
-config, and the copy bandwidth measured in the same process."""
+"""The models the GPU benches run, from their shipped configs (bench/configs/<name>/), and the
+helpers the benches share: random weights drawn on the device, transformers' model of the
+same config, the decode roofline's bytes (the weights and the experts a step actually
+touches, plus KV), the copy bandwidth measured in the same process, and the profiler's
+per-kernel table.
+
+Importable without CUDA (the CPU tests use it): only the functions that time or allocate
+on the GPU touch torch.cuda.
+"""
 
 from __future__ import annotations
 
+import gc
 import json
-import tempfile
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-_QWEN3_COMMON: dict[str, Any] = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "head_dim": 128,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-    "torch_dtype": "bfloat16",
-    "use_sliding_window": False,
-}
-
-CONFIGS: dict[str, dict[str, Any]] = {
-    "qwen3-0.6b": {
-        **_QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-        "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True,
-    },
-    "qwen3-8b": {
-        **_QWEN3_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False,
-    },
-}
+MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
 
 
 def config_path(name: str) -> Path:
-    """A config.json of model ``name`` (bench/configs/<name>/config.json if another bench
-    ships one, else written from CONFIGS into a temporary directory)."""
-    shipped = Path(__file__).parent / "configs" / name / "config.json"
-    if shipped.exists():
-        return shipped
-    d = Path(tempfile.mkdtemp(prefix=f"atom-{name}-"))
-    (d / "config.json").write_text(json.dumps(CONFIGS[name]))
-    return d / "config.json"
+    return Path(__file__).parent / "configs" / name / "config.json"
+
+
+def load_config(name: str) -> dict[str, Any]:
+    return json.loads(config_path(name).read_text())
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
 
 @torch.no_grad()
@@ -61,24 +48,155 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
             p.fill_(1.0)
 
 
-def weight_bytes_per_step(model: torch.nn.Module) -> int:
-    """Bytes of weights a decode step streams: every parameter once, except an untied input
-    embedding (a decode reads one row of it)."""
-    seen: set[int] = set()
-    total = 0
-    embed = None
-    for name, module in model.named_modules():
-        if name.endswith("embed_tokens"):
-            embed = module.weight
+# --- what a decode step reads ---------------------------------------------------------------
+
+
+def kv_bytes_per_token(cfg: dict[str, Any], elem: int = 2) -> int:
+    """KV-cache bytes one token occupies: MLA (DeepSeek) caches one latent plus the shared
+    RoPE key per layer; GQA caches a key and a value per KV head."""
+    layers = cfg["num_hidden_layers"]
+    if cfg.get("kv_lora_rank"):
+        return layers * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * elem
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return layers * 2 * cfg["num_key_value_heads"] * head_dim * elem
+
+
+def moe_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Every FusedMoE (stacked experts) of the model, by module name."""
+    from atom_core.layers.moe import FusedMoE
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, FusedMoE)}
+
+
+def expert_slots(moe: torch.nn.Module) -> tuple[int, int]:
+    """(routed, shared) experts stacked in a FusedMoE. Where the layer folds shared experts
+    in (``num_shared_experts``), they are the last slots and every token uses them."""
+    shared = int(getattr(moe, "num_shared_experts", 0) or 0)
+    return moe.w13_weight.shape[0] - shared, shared
+
+
+def expert_bytes(moe: torch.nn.Module) -> int:
+    """Bytes of one expert's weights: its slice of w13 and of w2."""
+    return sum(w[0].numel() * w.element_size() for w in (moe.w13_weight, moe.w2_weight))
+
+
+def shared_experts(cfg: dict[str, Any]) -> int:
+    """Shared experts per MoE layer, as the config counts them (Qwen3-MoE has none)."""
+    return int(cfg.get("n_shared_experts") or 0)
+
+
+def uniform_experts_touched(cfg: dict[str, Any], batch: int) -> float:
+    """Distinct routed experts ``batch`` tokens touch if each picks top-k uniformly at
+    random: E * (1 - (1 - k/E)^batch). Beside the measured count, it shows routing skew."""
+    # DeepSeek's name, Qwen3-MoE's, and the one transformers 5 writes for Qwen3-MoE.
+    experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
+    k = cfg["num_experts_per_tok"]
+    return experts * (1 - (1 - k / experts) ** batch)
+
+
+def step_bytes(model: torch.nn.Module, batch: int, experts_touched: dict[str, float]) -> float:
+    """Bytes of weights one decode step of ``batch`` sequences reads: every parameter once,
+    except an untied input embedding (``batch`` rows of it) and the stacked experts, of
+    which only the touched ones: ``experts_touched[layer]`` routed experts (a mean over
+    steps) plus every shared slot. A dense model passes ``{}``."""
+    moes = moe_layers(model)
+    stacked = {id(w) for m in moes.values() for w in (m.w13_weight, m.w2_weight)}
+    embed = next((m.weight for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
     head = getattr(getattr(model, "lm_head", None), "weight", None)
+    total = 0.0
     for p in model.parameters():
-        if id(p) in seen:
+        if id(p) in stacked:
             continue
-        seen.add(id(p))
         if p is embed and head is not embed:
-            continue
-        total += p.numel() * p.element_size()
+            total += batch * p[0].numel() * p.element_size()
+        else:
+            total += p.numel() * p.element_size()
+    for name, moe in moes.items():
+        total += (experts_touched[name] + expert_slots(moe)[1]) * expert_bytes(moe)
     return total
+
+
+class ExpertCounter:
+    """Forward hooks on every FusedMoE that record, per call, how many distinct routed
+    experts the step's tokens chose (``topk_ids``; shared slots excluded, step_bytes adds
+    them). Hooks do not fire under CUDA-graph replay: count eager steps."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        layers = moe_layers(model)
+        self.counts: dict[str, list[int]] = {name: [] for name in layers}
+        self._handles = [
+            m.register_forward_hook(partial(self._record, name), with_kwargs=True)
+            for name, m in layers.items()
+        ]
+
+    def _record(self, name: str, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        ids = kwargs["topk_ids"] if "topk_ids" in kwargs else args[2]
+        routed, _ = expert_slots(module)
+        self.counts[name].append(ids[ids < routed].unique().numel())
+
+    def means(self) -> dict[str, float]:
+        return {name: sum(c) / len(c) for name, c in self.counts.items() if c}
+
+    def __enter__(self) -> ExpertCounter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+@contextmanager
+def decoding(engine: Any, prompts: list[list[int]], max_tokens: int) -> Iterator[list[str]]:
+    """Queue ``prompts`` (greedy, ignore_eos) and step until every one has its first token,
+    so the next steps are pure decode of ``len(prompts)`` sequences; on exit abort what is
+    left, so the engine is empty again. Yields the request ids."""
+    from atom_core.sampling_params import SamplingParams
+
+    started: set[str] = set()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    rids = engine.add_request(prompts, params, stream_callback=lambda out: started.add(out.request_id))
+    try:
+        while len(started) < len(rids):
+            engine.step()
+        yield rids
+    finally:
+        for rid in rids:
+            engine.abort_request(rid)
+
+
+def touched_experts(engine: Any, prompts: list[list[int]], steps: int = 8) -> dict[str, float]:
+    """Mean distinct routed experts per MoE layer over ``steps`` eager decode steps of
+    ``len(prompts)`` sequences ({} for a dense model). CUDA graphs are set aside meanwhile,
+    as hooks do not fire under replay."""
+    runner = engine.runner
+    if not moe_layers(runner.model):
+        return {}
+    saved, runner.graphs = runner.graphs, None
+    try:
+        with decoding(engine, prompts, steps + 8), ExpertCounter(runner.model) as counter:
+            for _ in range(steps):
+                engine.step()
+    finally:
+        runner.graphs = saved
+    return counter.means()
+
+
+# --- the GPU side ---------------------------------------------------------------------------
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory() -> int:
+    """Collect garbage and return cached blocks; the bytes still allocated on the GPU (0 on
+    a machine without one), so a run shows the previous engine or model is gone."""
+    gc.collect()
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated()
 
 
 def copy_bandwidth() -> float:
@@ -100,14 +218,47 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) * 2 / times[len(times) // 2]
 
 
-def hf_model(name: str, dtype: torch.dtype = torch.bfloat16):
+def hf_model(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> Any:
+    """transformers' model of the shipped config (Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+    DeepseekV2ForCausalLM: all in transformers itself, no remote code), random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(**{k: v for k, v in CONFIGS[name].items() if k != "architectures"})
-    with torch.device("cuda"):
+    cfg = AutoConfig.for_model(**{k: v for k, v in load_config(name).items() if k != "architectures"})
+    with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     randomize(model)
     return model.eval()
+
+
+def profiler_activities(device: torch.device) -> list[Any]:
+    from torch.profiler import ProfilerActivity
+
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+def kernel_table(events: Any, steps: int, device: torch.device, top: int = 25) -> tuple[float, list[dict]]:
+    """(device microseconds per step, the ``top`` kernels by time) from a profiler's
+    ``key_averages()``: each kernel's self time and calls per step. On a CPU-only run the
+    CPU ops stand in for kernels."""
+    kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
+    rows = []
+    for evt in events:
+        if device.type == "cuda":
+            t = getattr(evt, "self_device_time_total", None)
+            t = getattr(evt, "self_cuda_time_total", 0) if t is None else t
+        else:
+            t = evt.self_cpu_time_total
+        # A record_function range (the runner's step labels) spans kernels: not one itself.
+        if t <= 0 or evt.device_type != kind or getattr(evt, "is_user_annotation", False):
+            continue
+        rows.append({"kernel": evt.key[:90], "us_per_step": t / steps, "calls_per_step": evt.count / steps})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return sum(r["us_per_step"] for r in rows), rows[:top]
+
+
+def print_kernels(rows: list[dict], top: int = 12) -> None:
+    for k in rows[:top]:
+        print(f"  {k['us_per_step']:9.1f} us  x{k['calls_per_step']:5.1f}  {k['kernel']}")
 
 
 def machine() -> dict[str, Any]:

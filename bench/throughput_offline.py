@@ -1,41 +1,144 @@
-"""Offline throughput: LLMEngine.generate on N random prompts vs transformers' static batching.
+"""Offline throughput: N random prompts through ATOM's engine vs transformers' static batching.
 
     python bench/throughput_offline.py [--model qwen3-8b] [--num-prompts 1024] [--input-len 1024]
-        [--output-len 128] [--hf-batch-size 64] [--hf-batches 2] [--json ...]
+        [--output-len 128] [--hf-batch-size 64] [--hf-batches 2] [--profile 16] [--json ...]
 
-Total tok/s = (prompt + generated tokens) / wall time of the whole generate call (the
-figure vLLM's offline throughput benchmark prints). transformers runs fixed batches of
---hf-batch-size prompts (static cache, greedy, every sequence to --output-len); its rate is
-measured over --hf-batches batches (it is the same for every batch: same shapes).
+Total tok/s = (prompt + generated tokens) / wall time of the whole run (the figure vLLM's
+offline throughput benchmark prints). The run steps the engine until every prompt is done
+(what ``LLMEngine.generate`` does) and splits its wall time between steps that compute
+prompt tokens (prefill, decodes possibly beside it) and decode-only steps. transformers runs
+fixed batches of --hf-batch-size prompts (static cache, greedy, every sequence to
+--output-len); its rate is measured over --hf-batches batches (the same for every batch).
+
+``--profile N`` replays the run's start afterwards (fresh prompts, same shapes) and profiles
+N engine steps from --profile-start on (default: around the end of the first wave of
+prefills, so the window holds prefill and decode steps): the per-kernel breakdown.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_latency import hf_generate  # noqa: E402
-from gpu_models import CONFIGS, config_path, hf_model, machine, randomize  # noqa: E402
+from gpu_models import (  # noqa: E402
+    MODELS,
+    config_path,
+    free_memory,
+    hf_model,
+    kernel_table,
+    load_config,
+    machine,
+    print_kernels,
+    profiler_activities,
+    random_prompts,
+    randomize,
+    sync,
+)
 
 
-def prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
+class StepClock:
+    """Steps an engine and times each step, split into steps that compute some prompt token
+    (prefill) and decode-only steps. The engine does not hand out the step's batch, so the
+    clock wraps this engine's ``scheduler.schedule`` to look at it (undone on exit)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.steps = {"prefill": 0, "decode": 0}
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self.tokens = [0, 0]  # prompt, generated (counted as the engine's stats count them)
+        self._kind: str | None = None
+        self._schedule = engine.scheduler.schedule
+        engine.scheduler.schedule = self._look
+
+    def _look(self):
+        batch = self._schedule()
+        prefill = any(n != 1 or s.num_computed_tokens + 1 != s.num_tokens
+                      for s, n in zip(batch.seqs, batch.num_scheduled_tokens))
+        self._kind = None if not batch.seqs else "prefill" if prefill else "decode"
+        return batch
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        self.engine.step()
+        dt = time.perf_counter() - t0
+        if self._kind is not None:
+            self.steps[self._kind] += 1
+            self.seconds[self._kind] += dt
+        prompt, generated = self.engine.last_step_tokens
+        self.tokens[0] += prompt
+        self.tokens[1] += generated
+
+    def summary(self) -> dict:
+        return {kind: {"steps": self.steps[kind], "wall_s": self.seconds[kind],
+                       "ms_per_step": self.seconds[kind] / self.steps[kind] * 1e3 if self.steps[kind] else 0.0}
+                for kind in self.steps}
+
+    def __enter__(self) -> StepClock:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        del self.engine.scheduler.schedule  # the class's method again
+
+
+def run(engine: Any, prompts: list[list[int]], params: Any) -> tuple[float, StepClock]:
+    """Every prompt to completion, step by step; (wall seconds, the clock)."""
+    sync(engine.device)
+    t0 = time.perf_counter()
+    engine.add_request(prompts, params)
+    with StepClock(engine) as clock:
+        while not engine.is_finished():
+            clock.step()
+    sync(engine.device)
+    return time.perf_counter() - t0, clock
+
+
+def profile_run(engine: Any, prompts: list[list[int]], params: Any, start: int, steps: int) -> dict:
+    """Per-kernel time over engine steps [start, start + steps) of a run of ``prompts``; the
+    rest is aborted."""
+    from torch.profiler import profile
+
+    rids = engine.add_request(prompts, params)
+    with StepClock(engine) as clock:
+        for _ in range(start):
+            clock.step()
+        sync(engine.device)
+        before = dict(clock.steps)
+        with profile(activities=profiler_activities(engine.device)) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                clock.step()
+            sync(engine.device)
+            wall = (time.perf_counter() - t0) / steps
+    for rid in rids:
+        engine.abort_request(rid)
+    total, rows = kernel_table(prof.key_averages(), steps, engine.device)
+    return {"start": start, "steps": steps, "wall_ms_per_step": wall * 1e3, "gpu_kernel_ms_per_step": total / 1e3,
+            "prefill_steps": clock.steps["prefill"] - before["prefill"],
+            "decode_steps": clock.steps["decode"] - before["decode"], "kernels": rows}
+
+
+def profile_start() -> int:
+    """--profile-start, or half the window before the first wave of prefills ends (when
+    max_num_seqs prompts have been prefilled, max_num_batched_tokens per step)."""
+    if ARGS.profile_start is not None:
+        return ARGS.profile_start
+    wave = min(ARGS.num_prompts, ARGS.max_num_seqs) * ARGS.input_len
+    return max(0, -(-wave // ARGS.max_num_batched_tokens) - ARGS.profile // 2)
 
 
 def bench_atom(results: dict) -> None:
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.sampling_params import SamplingParams
 
-    cfg = CONFIGS[ARGS.model]
+    vocab = load_config(ARGS.model)["vocab_size"]
     t0 = time.perf_counter()
     engine = LLMEngine(
         str(config_path(ARGS.model)), load_dummy="empty", dtype="bfloat16", device="cuda",
@@ -44,47 +147,44 @@ def bench_atom(results: dict) -> None:
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
-    ps = prompts(ARGS.num_prompts, ARGS.input_len, cfg["vocab_size"])
-    engine.generate(ps[:8], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    ps = random_prompts(ARGS.num_prompts, ARGS.input_len, vocab)
+    engine.generate(random_prompts(8, ARGS.input_len, vocab, 1), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0.0, max_tokens=ARGS.output_len, ignore_eos=True)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    outs = engine.generate(ps, params)
-    wall = time.perf_counter() - t0
-    n_in = sum(o["num_tokens_input"] for o in outs)
-    n_out = sum(o["num_tokens_output"] for o in outs)
+    wall, clock = run(engine, ps, params)
+    n_in, n_out = clock.tokens
     results["atom"] = {
         "wall_s": wall, "total_tok_s": (n_in + n_out) / wall, "output_tok_s": n_out / wall,
         "num_prompts": len(ps), "kv_blocks": engine.runner.num_blocks,
-        "preemptions": engine.num_preemptions,
+        "preemptions": engine.num_preemptions, "steps": clock.summary(),
     }
     print(f"ATOM: {len(ps)} prompts in {wall:.1f} s: {(n_in + n_out) / wall:,.0f} tok/s total, "
           f"{n_out / wall:,.0f} generated tok/s", flush=True)
-    del engine
-    gc.collect()
-    torch.cuda.empty_cache()
+    if ARGS.profile:
+        fresh = random_prompts(ARGS.num_prompts, ARGS.input_len, vocab, 2)
+        results["profile"] = profile_run(engine, fresh, params, profile_start(), ARGS.profile)
 
 
 @torch.inference_mode()
 def bench_hf(results: dict) -> None:
-    cfg = CONFIGS[ARGS.model]
+    vocab = load_config(ARGS.model)["vocab_size"]
     try:
         model = hf_model(ARGS.model)
     except Exception as exc:
         results["hf_error"] = f"{type(exc).__name__}: {exc}"
         return
+    results["hf_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
     bs = ARGS.hf_batch_size
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static",
               max_new_tokens=ARGS.output_len, min_new_tokens=ARGS.output_len)
     try:
-        warm = torch.tensor(prompts(bs, ARGS.input_len, cfg["vocab_size"], 99), device="cuda")
+        warm = torch.tensor(random_prompts(bs, ARGS.input_len, vocab, 99), device=model.device)
         hf_generate(model, warm, attention_mask=torch.ones_like(warm), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
-        torch.cuda.synchronize()
+        sync(model.device)
         t0 = time.perf_counter()
         for b in range(ARGS.hf_batches):
-            ids = torch.tensor(prompts(bs, ARGS.input_len, cfg["vocab_size"], b), device="cuda")
+            ids = torch.tensor(random_prompts(bs, ARGS.input_len, vocab, b), device=model.device)
             hf_generate(model, ids, attention_mask=torch.ones_like(ids), **kw)
-        torch.cuda.synchronize()
+        sync(model.device)
         wall = time.perf_counter() - t0
         tokens = ARGS.hf_batches * bs * (ARGS.input_len + ARGS.output_len)
         results["hf"] = {"batch_size": bs, "batches": ARGS.hf_batches, "wall_s": wall,
@@ -93,19 +193,10 @@ def bench_hf(results: dict) -> None:
         print(f"transformers static batching (bs {bs}): {tokens / wall:,.0f} tok/s total", flush=True)
     except Exception as exc:
         results["hf_error"] = f"{type(exc).__name__}: {exc}"
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
+        print(f"transformers failed: {exc}", flush=True)
 
 
-def main() -> None:
-    results: dict = {"machine": machine(), "args": vars(ARGS)}
-    bench_atom(results)
-    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(ARGS.json).write_text(json.dumps(results, indent=1))
-    if ARGS.hf_batches > 0:
-        bench_hf(results)
-        Path(ARGS.json).write_text(json.dumps(results, indent=1))
+def report(results: dict) -> None:
     print("\n| engine | prompts | wall s | total tok/s | generated tok/s |")
     print("|---|---|---|---|---|")
     a = results["atom"]
@@ -114,18 +205,49 @@ def main() -> None:
         h = results["hf"]
         print(f"| transformers (static, bs {h['batch_size']}) | {h['batches'] * h['batch_size']} | "
               f"{h['wall_s']:.1f} | {h['total_tok_s']:,.0f} | {h['output_tok_s']:,.0f} |")
+    print("\nATOM's wall time by step kind:")
+    for kind, s in a["steps"].items():
+        print(f"  {kind:8s} {s['steps']:6d} steps  {s['wall_s']:8.2f} s ({s['wall_s'] / a['wall_s']:.0%})  "
+              f"{s['ms_per_step']:8.2f} ms/step")
+    if "profile" in results:
+        p = results["profile"]
+        print(f"\nsteps {p['start']}..{p['start'] + p['steps'] - 1} ({p['prefill_steps']} with prefill, "
+              f"{p['decode_steps']} decode-only; under the profiler): wall {p['wall_ms_per_step']:.2f} ms/step, "
+              f"GPU kernels {p['gpu_kernel_ms_per_step']:.2f} ms/step")
+        print_kernels(p["kernels"], 20)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    results: dict = {"machine": machine(), "args": vars(ARGS)}
+    bench_atom(results)  # returns with the engine gone: transformers' model never shares the GPU
+    results["gpu_bytes_after_engine"] = free_memory()
+    print(f"{results['gpu_bytes_after_engine'] / 2**30:.2f} GiB still allocated after the engine", flush=True)
+    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(ARGS.json).write_text(json.dumps(results, indent=1))
+    if ARGS.hf_batches > 0:
+        bench_hf(results)
+        results["gpu_bytes_after_hf"] = free_memory()
+        Path(ARGS.json).write_text(json.dumps(results, indent=1))
+    report(results)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="qwen3-8b", choices=list(CONFIGS))
+    p.add_argument("--model", default="qwen3-8b", choices=MODELS)
     p.add_argument("--num-prompts", type=int, default=1024)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--hf-batch-size", type=int, default=64)
-    p.add_argument("--hf-batches", type=int, default=2)
+    p.add_argument("--hf-batches", type=int, default=2, help="0 skips transformers")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")
+    p.add_argument("--profile-start", type=int, default=None,
+                   help="engine steps before the profiled ones (default: see above)")
     p.add_argument("--json", default="bench/results/throughput_offline.json")
-    ARGS = p.parse_args()
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()
     main()

@@ -1,0 +1,164 @@
+"""The GPU benches' helpers on CPU: the roofline's bytes (dense weights + the experts a step
+touched + KV) checked by hand on tiny Qwen3-MoE and DeepSeek-V2 engines, the touched-expert
+counter, the batch-N decode profile, the offline run's step clock, and transformers' models
+of the shipped configs (built on the meta device)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from tests.tiny_models import tiny_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import decode_latency  # noqa: E402
+import gpu_models  # noqa: E402
+import throughput_offline  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ARCH = {"qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM"}
+ELEM = 4  # the tiny engines run in fp32
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """kind -> (engine, config dict) of a tiny MoE model with dummy weights on CPU, built
+    once: 8 routed experts, top-2, hidden 64, expert intermediate 32 (DeepSeek-V2 adds 2
+    shared experts)."""
+    from atom_core.engine.llm_engine import LLMEngine
+
+    built: dict[str, tuple] = {}
+
+    def get(kind: str) -> tuple:
+        if kind not in built:
+            cfg = tiny_config(kind)
+            cfg.architectures = [ARCH[kind]]
+            path = tmp_path_factory.mktemp(kind) / "config.json"
+            cfg.to_json_file(path, use_diff=False)
+            engine = LLMEngine(str(path), load_dummy="empty", device="cpu", dtype="float32",
+                               enable_log_stats=False, max_model_len=96, max_num_seqs=4)
+            gpu_models.randomize(engine.runner.model)
+            built[kind] = engine, json.loads(path.read_text())
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(params=sorted(ARCH))
+def tiny(request, build):
+    return build(request.param)
+
+
+def test_kv_bytes_per_token_of_the_shipped_configs():
+    kv = {name: gpu_models.kv_bytes_per_token(gpu_models.load_config(name)) for name in gpu_models.MODELS}
+    assert kv["qwen3-8b"] == 36 * 2 * 8 * 128 * 2  # GQA: K and V of 8 KV heads
+    assert kv["qwen3-30b-a3b"] == 48 * 2 * 4 * 128 * 2
+    assert kv["deepseek-v2-lite"] == 27 * (512 + 64) * 2  # MLA: the latent plus the RoPE key
+
+
+def test_kv_bytes_per_token_matches_the_engines_cache(tiny):
+    engine, cfg = tiny
+    runner = engine.runner
+    cache = sum(layer.kv_cache.numel() for layer in runner.attention_layers) * ELEM
+    assert gpu_models.kv_bytes_per_token(cfg, ELEM) == cache // (runner.num_blocks * runner.block_size)
+
+
+def test_one_sequence_touches_exactly_top_k_routed_experts(tiny):
+    engine, cfg = tiny
+    touched = gpu_models.touched_experts(engine, gpu_models.random_prompts(1, 8, cfg["vocab_size"]), steps=2)
+    assert list(touched.values()) == [2.0, 2.0]  # two MoE layers of three; shared slots not counted
+    assert engine.is_finished()  # the counting requests were aborted
+
+
+def test_step_bytes_is_dense_weights_plus_touched_experts(tiny):
+    """By hand: every parameter, less the input embedding (3 rows read) and the routed
+    experts not touched (3 * H * I weights each). Shared experts, folded into the stacked
+    weights or a separate MLP, are read every step either way."""
+    engine, cfg = tiny
+    model = engine.runner.model
+    touched = gpu_models.touched_experts(engine, gpu_models.random_prompts(3, 8, cfg["vocab_size"], 1), steps=3)
+    assert len(touched) == 2 and all(2 <= t <= 6 for t in touched.values())
+    h, inter, experts = 64, 32, 8
+    all_params = sum(p.numel() for p in model.parameters()) * ELEM
+    embed = cfg["vocab_size"] * h * ELEM
+    untouched = sum((experts - t) * 3 * h * inter * ELEM for t in touched.values())
+    assert gpu_models.step_bytes(model, 3, touched) == pytest.approx(all_params - embed + 3 * h * ELEM - untouched)
+    assert decode_latency.experts_per_layer(touched, cfg) == pytest.approx(
+        sum(touched.values()) / 2 + cfg.get("n_shared_experts", 0))
+
+
+def test_step_bytes_of_a_dense_model_reads_every_weight_once():
+    def toy(tied: bool) -> nn.Module:
+        model = nn.Module()
+        model.model = nn.Module()
+        model.model.embed_tokens = nn.Embedding(100, 8)
+        model.model.proj = nn.Linear(8, 8, bias=False)
+        model.lm_head = nn.Linear(8, 100, bias=False)
+        if tied:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return model
+
+    assert gpu_models.step_bytes(toy(tied=False), 2, {}) == (2 * 8 + 64 + 800) * 4
+    assert gpu_models.step_bytes(toy(tied=True), 2, {}) == (64 + 800) * 4
+
+
+def test_profile_steps_at_any_batch_size(build):
+    engine, _ = build("qwen3_moe")
+    prof = decode_latency.profile_steps(engine, batch=3, prompt_len=6, steps=1, graphs=True)
+    assert prof["batch"] == 3 and prof["mode"] == "eager"  # no CUDA graphs on CPU
+    assert prof["kernels"] and all(k["calls_per_step"] > 0 for k in prof["kernels"])
+    assert not any(k["kernel"].startswith("decode[") for k in prof["kernels"])  # step labels are no kernels
+    assert engine.is_finished()
+
+
+def test_step_clock_splits_prefill_from_decode_steps(build):
+    from atom_core.sampling_params import SamplingParams
+
+    engine, cfg = build("qwen3_moe")
+    prompts = gpu_models.random_prompts(2, 8, cfg["vocab_size"], 2)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    wall, clock = throughput_offline.run(engine, prompts, params)
+    assert clock.steps == {"prefill": 1, "decode": 3}  # both prompts in one step, then 3 decodes
+    assert clock.tokens == [16, 8] and wall >= sum(clock.seconds.values())
+    assert "schedule" not in vars(engine.scheduler)  # the clock let go of the scheduler
+    prof = throughput_offline.profile_run(engine, prompts, params, start=1, steps=1)
+    assert (prof["prefill_steps"], prof["decode_steps"]) == (0, 1) and prof["kernels"]
+    assert engine.is_finished()
+
+
+def test_kernel_table_sums_kernels_per_step_and_skips_annotations():
+    cuda = torch.autograd.DeviceType.CUDA
+    events = [
+        SimpleNamespace(key="gemm", self_device_time_total=300.0, device_type=cuda, count=6, is_user_annotation=False),
+        SimpleNamespace(key="norm", self_device_time_total=60.0, device_type=cuda, count=12, is_user_annotation=False),
+        SimpleNamespace(key="decode[bs=1]", self_device_time_total=400.0, device_type=cuda, count=3,
+                        is_user_annotation=True),
+    ]
+    total, rows = gpu_models.kernel_table(events, 3, torch.device("cuda"))
+    assert total == 120.0
+    assert rows == [{"kernel": "gemm", "us_per_step": 100.0, "calls_per_step": 2.0},
+                    {"kernel": "norm", "us_per_step": 20.0, "calls_per_step": 4.0}]
+
+
+def test_transformers_builds_every_bench_model():
+    expected = {"qwen3-0.6b": ("Qwen3ForCausalLM", 0.596), "qwen3-8b": ("Qwen3ForCausalLM", 8.19),
+                "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 30.5), "deepseek-v2-lite": ("DeepseekV2ForCausalLM", 15.7)}
+    assert set(expected) == set(gpu_models.MODELS)
+    for name, (cls, billions) in expected.items():
+        model = gpu_models.hf_model(name, device="meta")
+        assert type(model).__name__ == cls
+        assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_the_scripts_parse_their_flags():
+    args = decode_latency.parse_args(["--models", *gpu_models.MODELS, "--profile"])
+    assert args.batch_sizes == [1, 32] and args.hf_output_len == 64 and args.profile_batch_sizes is None
+    args = throughput_offline.parse_args(["--model", "qwen3-30b-a3b", "--profile", "16"])
+    assert args.profile == 16 and args.profile_start is None
