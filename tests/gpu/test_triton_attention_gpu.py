@@ -1,5 +1,6 @@
 """The Triton paged attention backend against the native one on the GPU: dtypes, head dims
-64/128, GQA ratios 1/4/8, block sizes 16/32, contexts up to 32k, batches up to 256."""
+64/128, GQA ratios 1/4/8, block sizes 16/32, contexts up to 32k, batches up to 256; and
+the prefill kernel alone on real shapes, with 1-token rows among long ones."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ pytest.importorskip("triton")
 
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
+from tests.ops.test_triton_attention import prefill_case  # noqa: E402
 
 
 def run_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0):
@@ -64,13 +66,28 @@ def test_decode_batch_256():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 8])
-def test_prefill_and_extend(dtype, head_dim, group):
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_prefill_and_extend(dtype, head_dim, group, block_size):
     kv_heads = 4
-    # fresh prompts, prompts over cached prefixes, and decodes mixed into one batch
+    # fresh prompts, prompts over cached prefixes, and decodes mixed into one batch; query
+    # lengths off the 128/32-row query tiles, prefixes off the 64/32-key tiles
     query_lens = [300, 1, 77, 129, 1, 16]
     context_lens = [300, 900, 77, 1200, 33, 16]
-    run_case(query_lens, context_lens, kv_heads * group, kv_heads, head_dim, 16, dtype)
+    run_case(query_lens, context_lens, kv_heads * group, kv_heads, head_dim, block_size, dtype)
 
 
 def test_prefill_long_chunk_block_32():
     run_case([4096, 2048], [4096, 6000], 32, 8, 128, 32, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_prefill_kernel_one_token_rows_among_long(dtype, block_size):
+    # The kernel alone computes q_len 1 rows too (the backend sends those to decode).
+    prefill_case([1, 2000, 1, 333, 1, 1025], [700, 2000, 1, 3400, 5000, 1025], 32, 8, 128,
+                 block_size, dtype, device="cuda")
+
+
+@pytest.mark.parametrize("query_len,ctx", [(16384, 16384), (2048, 32768), (511, 32000)])
+def test_prefill_long_context(query_len, ctx):
+    run_case([query_len, 100], [ctx, 300], 32, 8, 128, 16, torch.bfloat16)

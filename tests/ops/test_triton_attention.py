@@ -1,6 +1,7 @@
 """The Triton attention backend vs the native one on paged batches: decode (split and
-unsplit, GQA), prefill, extend over a cached prefix, and mixed batches. CPU through
-TRITON_INTERPRET=1 on small shapes; skipped where triton is not installed."""
+unsplit, GQA), prefill, extend over a cached prefix, and mixed batches; and the prefill
+kernel alone over every page-gather path and tile edge. CPU through TRITON_INTERPRET=1
+on small shapes; skipped where triton is not installed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ pytest.importorskip("triton")
 
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from atom_core.ops.triton.decode_attention import paged_decode_attention  # noqa: E402
+from atom_core.ops.triton.prefill_attention import paged_prefill_attention  # noqa: E402
 from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,3 +75,54 @@ def test_head_dim_64(dtype):
     if dtype == torch.bfloat16 and DEVICE == "cpu":
         pytest.skip("the interpreter's tl.dot reads bf16 operands as raw bits; tests/gpu covers bf16")
     run_case([1, 9], [50, 9], 4, 1, 64, 16, dtype)
+
+
+def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype,
+                 select=None, seed=0, device=DEVICE):
+    """paged_prefill_attention alone (q_len 1 rows included) over the sequences in
+    ``select`` (all by default) vs the native backend; other rows stay untouched."""
+    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype, device, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    t = sum(query_lens)
+    q, k, v = (torch.randn(t, n * head_dim, generator=g).to(dtype).to(device) for n in (heads, kv_heads, kv_heads))
+    ref, ref_cache = native_attention(q, k, v, cache, meta, heads, kv_heads, head_dim)
+    q3 = q.view(t, heads, head_dim)
+    out = torch.full_like(q3, float("nan"))
+    seqs = list(range(len(query_lens))) if select is None else select
+    paged_prefill_attention(
+        q3, ref_cache.to(dtype), meta.block_tables, meta.seq_lens, meta.query_start_loc,
+        torch.tensor(seqs, dtype=torch.int32, device=device), max(query_lens), out, head_dim**-0.5,
+    )
+    starts = meta.query_start_loc_cpu
+    picked = torch.zeros(t, dtype=torch.bool)
+    for i in seqs:
+        picked[starts[i] : starts[i + 1]] = True
+    picked = picked.to(device)
+    err = rel_err(out[picked], ref.view(t, heads, head_dim)[picked])
+    assert err < tolerance(dtype), err
+    assert out[~picked].isnan().all()
+
+
+# Tiles are 32x32 for fp32 and 128x64 for fp16: the first prompt spans several query tiles
+# and ends mid-tile; contexts end mid-page and mid-tile. Block sizes 4 and 16 gather several
+# pages per key tile, 64 (and 32 for fp32) one page per tile, 12 one block id per key.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block_size", [4, 12, 16, 32, 64])
+def test_prefill_kernel_pages_and_tile_edges(dtype, block_size):
+    first = 150 if dtype == torch.float16 else 75
+    # fresh, a decode over a prefix, extend over a prefix, a 1-token prompt, fresh again
+    prefill_case([first, 1, 40, 1, 70], [first, 90, 203, 1, 70], 2, 1, 32, block_size, dtype)
+
+
+@pytest.mark.parametrize("group", [1, 4, 8])
+def test_prefill_kernel_gqa(group):
+    prefill_case([37, 1, 66], [100, 9, 66], group, 1, 16, 16, torch.float32)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prefill_kernel_head_dims(head_dim):
+    prefill_case([130, 5], [300, 5], 2, 1, head_dim, 16, torch.float16)
+
+
+def test_prefill_kernel_only_selected_sequences():
+    prefill_case([20, 33, 1, 9], [20, 80, 4, 30], 4, 2, 16, 8, torch.float32, select=[3, 1])

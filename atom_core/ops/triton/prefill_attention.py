@@ -1,8 +1,25 @@
 """Paged prefill/extend attention for variable-length batches with cached prefixes.
 
-A program owns (query tile, sequence, query head). Sequence s's ``q_len`` queries are the
+A program owns (query head, sequence, query tile). Sequence s's ``q_len`` queries are the
 last of its ``seq_len`` context tokens; K/V of the whole context (cached prefix and the
 new tokens, written just before) are read through the block table, causally masked.
+
+Throughput choices (prefill is compute bound; these follow the FlashAttention-2 recipe):
+- The KV loop is split in two. Tiles wholly before the tile's first query position are
+  visible to every row, so they run with no mask, no ``tl.where`` and unmasked loads;
+  only the few tiles on the diagonal pay for the causal/length mask.
+- 16-bit inputs use 128x64 tiles, 8 warps and 3 pipeline stages on CUDA.
+- The grid runs heads fastest and query tiles slowest, last tile first: the tiles with
+  the most keys (causal work grows with position) start in the first wave, so no long
+  tile is left running alone at the end, and the query heads that share a kv head run
+  side by side and find its K/V in L2.
+- The page size is a compile-time constant: a tile inside one page reads one block id,
+  and a tile over several pages finds each key's block with a shift (no integer division).
+  K/V offsets keep their 16-element alignment, so loads vectorize and pipeline (cp.async).
+
+GQA is not grouped into one program: rows of (head, position) pairs do the same FLOPs per
+K/V tile as rows of positions, so at a fixed tile size it saves no traffic; L2 serves the
+sibling heads' re-reads instead.
 """
 
 from __future__ import annotations
@@ -13,18 +30,77 @@ import triton.language as tl
 
 
 @triton.jit
+def _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Cache offsets of keys n0 .. n0 + BLOCK_N (those >= hi only when MASKED)."""
+    if PAGE % BLOCK_N == 0:
+        # The tile lies inside one page: one block id, contiguous slots.
+        blk = tl.load(bt_row + n0 // PAGE).to(tl.int64)
+        return blk * stride_blk + (n0 % PAGE + tl.arange(0, BLOCK_N)) * stride_slot
+    else:
+        # Several pages per tile. PAGE is a compile-time constant, so // and % are shifts and
+        # masks for the usual powers of two, and the keys of one page read one address (one
+        # transaction per page). Not tl.reshape of a per-page load: older Triton loses the
+        # offsets' alignment through a reshape and would stop vectorizing the K/V loads.
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        if MASKED:
+            blk = tl.load(bt_row + offs_n // PAGE, mask=offs_n < hi, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+        return blk * stride_blk + (offs_n % PAGE) * stride_slot
+
+
+@triton.jit
+def _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
+            stride_blk, stride_slot, kv_head_off, offs_d, dmask,
+            PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+            PAD_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax over keys [lo, hi); MASKED applies the causal and length masks."""
+    for n0 in range(lo, hi, BLOCK_N):
+        kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
+        ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
+        if MASKED:
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            kv_mask = (offs_n < hi)[:, None] & dmask[None, :]
+            k = tl.load(k_ptr + ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + ptrs, mask=kv_mask, other=0.0)
+        elif PAD_D:
+            k = tl.load(k_ptr + ptrs, mask=dmask[None, :], other=0.0)
+            v = tl.load(v_ptr + ptrs, mask=dmask[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptr + ptrs)
+            v = tl.load(v_ptr + ptrs)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if MASKED:
+            # Keys past hi are past every real row's position; loaded as zeros, they reach
+            # only the rows past q_len, which are never stored.
+            qk = tl.where(offs_n[None, :] <= q_pos[:, None], qk * qk_scale, float("-inf"))
+        else:
+            qk = qk * qk_scale
+        # Every row sees a key in its first tile (see the caller), so m stays finite.
+        m_new = tl.maximum(m, tl.max(qk, axis=1))
+        p = tl.exp2(qk - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    return acc, l_sum, m
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, q_stride_t, q_stride_h,
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
-    sm_scale, block_size, head_dim,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    sm_scale,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    mblk = tl.program_id(0)
+    h = tl.program_id(0)
     s = tl.load(seq_idx_ptr + tl.program_id(1))
-    h = tl.program_id(2)
+    mblk = tl.num_programs(2) - 1 - tl.program_id(2)  # last (longest) tiles launch first
     q_start = tl.load(qsl_ptr + s)
     q_len = tl.load(qsl_ptr + s + 1) - q_start
     if mblk * BLOCK_M >= q_len:
@@ -36,40 +112,51 @@ def _prefill_kernel(
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mmask = offs_m < q_len
-    dmask = offs_d < head_dim
+    dmask = offs_d < HEAD_DIM
     rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * q_stride_t + h * q_stride_h + offs_d[None, :],
                 mask=mmask[:, None] & dmask[None, :], other=0.0)
     q_pos = ctx + offs_m
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + s.to(tl.int64) * bt_stride
-    end = tl.minimum(seq_len, ctx + (mblk + 1) * BLOCK_M)  # causal: no key past the last query
-    for n0 in range(0, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-        kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past q_len see nothing
-        p = tl.exp2(qk - m_safe[:, None])
-        alpha = tl.exp2(m - m_safe)
-        l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+    kv_head_off = kvh * stride_head
+    # Keys before `lo` precede the tile's first position: visible to every row (rows past
+    # q_len included), all inside the context. From lo to hi the diagonal; lo <= the first
+    # row's position < seq_len, so each row sees key lo in the first masked tile.
+    first = ctx + mblk * BLOCK_M
+    lo = first // BLOCK_N * BLOCK_N
+    hi = tl.minimum(seq_len, first + BLOCK_M)  # causal: no key past the last query
+    acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, 0, lo, q_pos, qk_scale,
+                            stride_blk, stride_slot, kv_head_off, offs_d, dmask,
+                            PAGE, BLOCK_N, False, BLOCK_D != HEAD_DIM, PRECISION)
+    acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
+                            stride_blk, stride_slot, kv_head_off, offs_d, dmask,
+                            PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION)
 
-    o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    o = acc / l_sum[:, None]
     tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+
+
+def tile_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this input dtype and padded head dim.
+
+    Checked by compiling for sm_90 (ptxas -v): the 16-bit configs do not spill and need at
+    most 98 KiB of shared memory, so they also fit Ampere and Ada.
+    """
+    if dtype == torch.float32:
+        # Exact fp32 dots run on FMAs with operands in registers: small tiles, and 8 warps
+        # to spread them (4 spill about three times as much at head dim 128).
+        return 32, 32, 8, 2
+    if block_d > 128:
+        return 64, 32, 8, 2  # 128-row tiles spill; 3 stages of wide K/V overflow shared memory
+    # Three stages keep loads ahead of the tensor cores on Ampere/Hopper; ROCm's pipeliner
+    # is tuned for two.
+    return 128, 64, 8, 2 if torch.version.hip else 3
 
 
 def paged_prefill_attention(
@@ -87,18 +174,18 @@ def paged_prefill_attention(
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     if seq_idx.shape[0] == 0:
         return
-    wide = q.dtype == torch.float32
-    block_m = 32 if wide else 64
-    block_n = 32 if wide else 64
+    block_d = triton.next_power_of_2(max(head_dim, 16))
+    block_m, block_n, warps, stages = tile_config(q.dtype, block_d)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    grid = (triton.cdiv(max_query_len, block_m), seq_idx.shape[0], num_heads)
+    grid = (num_heads, seq_idx.shape[0], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
         out, out.stride(0), out.stride(1),
-        scale, block_size, head_dim,
-        GROUP=num_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(max(head_dim, 16)),
-        PRECISION="ieee" if wide else "tf32", num_warps=4, num_stages=2,
+        scale,
+        GROUP=num_heads // num_kv_heads, PAGE=block_size, HEAD_DIM=head_dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages,
     )

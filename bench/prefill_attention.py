@@ -1,0 +1,335 @@
+"""Paged prefill/extend attention on one GPU: the Triton kernel vs its previous version and
+torch's SDPA (flash backend) on the same data.
+
+    python bench/prefill_attention.py [--models qwen3-8b qwen3-0.6b] [--cases 16x1024 ...]
+        [--budget-ms 250] [--no-sweep] [--sweep-case qwen3-8b:4x4096]
+        [--json bench/results/prefill_attention.json]
+
+Each case is a batch of equal sequences in bf16, block size 16, blocks handed out in
+shuffled order: fresh prefills (16 x 1024, 4 x 4096, 1 x 16384 tokens) and an extend
+(8 x 1024 new tokens over a 3072-token cached prefix). SDPA runs on the same K/V laid out
+contiguously, [B, H, L, D], with the kv heads repeated to the query heads (a copy made
+outside the timing), ``is_causal`` for fresh prefills and a lower-right causal bias
+(flash's own causal alignment) for the extend.
+
+TFLOP/s counts causal work only: 4 * sum over sequences of (q_len * ctx + q_len^2 / 2) *
+heads * head_dim, ctx the cached prefix. Each kernel's output is compared with SDPA's (max
+abs diff); a mismatch is printed, recorded and makes the exit status 1, so a wrong kernel
+cannot pass for a fast one. Time: the median of CUDA-event timings over about --budget-ms
+of runs after a warm-up call. Then the new kernel is timed on one case under a few other
+tile configs (SWEEP), to show whether the shipped one is the best on this GPU. About a
+minute on an H200, most of it Triton compiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from atom_core.ops.triton import prefill_attention as kernel_module  # noqa: E402
+from atom_core.ops.triton.prefill_attention import paged_prefill_attention  # noqa: E402
+
+MODELS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}  # (heads, kv heads, head dim)
+CASES = {  # (sequences, new tokens each, cached prefix each)
+    "16x1024": (16, 1024, 0),
+    "4x4096": (4, 4096, 0),
+    "1x16384": (1, 16384, 0),
+    "extend-8x1024+3072": (8, 1024, 3072),
+}
+BLOCK_SIZE = 16
+DTYPE = torch.bfloat16
+# Other (BLOCK_M, BLOCK_N, num_warps, num_stages) for the new kernel, timed on one case to
+# show whether the chosen tiles are the best on this GPU (all compile for sm_90 without
+# spills; 128x128 sits at 255 registers).
+SWEEP = [(128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)]
+MAX_ABS_DIFF = 2e-2  # bf16 outputs of unit-variance inputs; a wrong mask is off by ~1e-1
+
+
+def causal_flops(query_lens: list[int], prefix_lens: list[int], heads: int, head_dim: int) -> float:
+    """QK^T and PV over the visible keys: each query sees its prefix and the new tokens up
+    to itself (q_len^2 / 2, the diagonal's half counted as FlashAttention counts it)."""
+    pairs = sum(q * c + q * q / 2 for q, c in zip(query_lens, prefix_lens))
+    return 4.0 * pairs * heads * head_dim
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    p.add_argument("--budget-ms", type=float, default=250.0, help="timed run time per kernel per case")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the new kernel with the SWEEP tile configs on --sweep-case")
+    p.add_argument("--sweep-case", default="qwen3-8b:4x4096", help="MODEL:CASE")
+    p.add_argument("--json", default="bench/results/prefill_attention.json")
+    args = p.parse_args(argv)
+    model, _, case = args.sweep_case.partition(":")
+    if model not in MODELS or case not in CASES:
+        p.error(f"--sweep-case {args.sweep_case!r}: want MODEL:CASE from {list(MODELS)} and {list(CASES)}")
+    return args
+
+
+# --- Baseline: the prefill kernel as it was before the Hopper rework (as introduced in
+# commit 91d0916), kept here only to measure against. A program per (64-query tile, sequence,
+# query head), every KV tile masked, 4 warps, 2 stages.
+@triton.jit
+def _baseline_prefill_kernel(
+    q_ptr, q_stride_t, q_stride_h,
+    k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
+    bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
+    out_ptr, out_stride_t, out_stride_h,
+    sm_scale, block_size, head_dim,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    mblk = tl.program_id(0)
+    s = tl.load(seq_idx_ptr + tl.program_id(1))
+    h = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + s)
+    q_len = tl.load(qsl_ptr + s + 1) - q_start
+    if mblk * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + s)
+    ctx = seq_len - q_len
+    kvh = h // GROUP
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mmask = offs_m < q_len
+    dmask = offs_d < head_dim
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * q_stride_t + h * q_stride_h + offs_d[None, :],
+                mask=mmask[:, None] & dmask[None, :], other=0.0)
+    q_pos = ctx + offs_m
+    qk_scale = sm_scale * 1.4426950408889634
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + s.to(tl.int64) * bt_stride
+    end = tl.minimum(seq_len, ctx + (mblk + 1) * BLOCK_M)
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        visible = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m - m_safe)
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + offs_d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+
+
+def baseline_prefill_attention(q, kv_cache, block_tables, seq_lens, query_start_loc, seq_idx,
+                               max_query_len, out, scale) -> None:
+    """The baseline's launcher, 16-bit path only (all this bench runs)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    grid = (triton.cdiv(max_query_len, 64), seq_idx.shape[0], num_heads)
+    _baseline_prefill_kernel[grid](
+        q, q.stride(0), q.stride(1),
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
+        out, out.stride(0), out.stride(1),
+        scale, block_size, head_dim,
+        GROUP=num_heads // num_kv_heads, BLOCK_M=64, BLOCK_N=64,
+        BLOCK_D=triton.next_power_of_2(max(head_dim, 16)), PRECISION="tf32",
+        num_warps=4, num_stages=2,
+    )
+# --- end of the baseline
+
+
+def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda") -> dict:
+    """The paged inputs of one case and the same data contiguous for SDPA."""
+    heads, kv_heads, head_dim = MODELS[model]
+    batch, q_len, prefix = CASES[case]
+    seq_len = prefix + q_len
+    per_seq = triton.cdiv(seq_len, BLOCK_SIZE)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    tables = torch.randperm(batch * per_seq, generator=g, device=dev).view(batch, per_seq)
+    cache = torch.randn(2, batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=g, device=dev, dtype=DTYPE)
+    q = torch.randn(batch * q_len, heads, head_dim, generator=g, device=dev, dtype=DTYPE)
+
+    def contiguous(kv: torch.Tensor) -> torch.Tensor:  # [B, heads, seq_len, D]
+        seqs = kv[tables].view(batch, per_seq * BLOCK_SIZE, kv_heads, head_dim)[:, :seq_len]
+        return seqs.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1).contiguous()
+
+    return {
+        "q": q, "cache": cache, "block_tables": tables.int(),
+        "seq_lens": torch.full((batch,), seq_len, dtype=torch.int32, device=dev),
+        "query_start_loc": torch.arange(batch + 1, dtype=torch.int32, device=dev) * q_len,
+        "seq_idx": torch.arange(batch, dtype=torch.int32, device=dev),
+        "max_query_len": q_len, "scale": head_dim**-0.5,
+        "sdpa_q": q.view(batch, q_len, heads, head_dim).transpose(1, 2).contiguous(),
+        "sdpa_k": contiguous(cache[0]), "sdpa_v": contiguous(cache[1]),
+        "flops": causal_flops([q_len] * batch, [prefix] * batch, heads, head_dim),
+    }
+
+
+def sdpa_runner(c: dict):
+    """(SDPA call on c's contiguous data, backend label): flash, or what torch picks if
+    flash refuses the shape here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    q, k, v = c["sdpa_q"], c["sdpa_k"], c["sdpa_v"]
+    lower_right = q.shape[2] != k.shape[2]
+    mask = causal_lower_right(q.shape[2], k.shape[2]) if lower_right else None
+
+    def call():
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=not lower_right, scale=c["scale"])
+
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            call()
+
+        def flash():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return call()
+        return flash, "sdpa-flash"
+    except RuntimeError as exc:
+        print(f"  SDPA flash refused this case ({str(exc).splitlines()[0]}); using torch's pick")
+        return call, "sdpa-default"
+
+
+def time_ms(fn, budget_ms: float) -> float:
+    fn()  # compile / warm up
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    reps = max(3, min(100, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def prepared(model: str, case: str):
+    """(case data, kernel arguments with a fresh output, SDPA call, its label, SDPA's output
+    in the kernels' [T, H, D] layout)."""
+    c = make_case(model, case)
+    out = torch.empty_like(c["q"])
+    args = (c["q"], c["cache"], c["block_tables"], c["seq_lens"], c["query_start_loc"], c["seq_idx"],
+            c["max_query_len"], out, c["scale"])
+    sdpa, peer = sdpa_runner(c)
+    return c, args, sdpa, peer, sdpa().transpose(1, 2).reshape(out.shape).float()
+
+
+def max_abs_diff(kernel, args, ref: torch.Tensor) -> float:
+    out = args[7]
+    out.fill_(float("nan"))
+    kernel(*args)
+    return float((out.float() - ref).abs().max())  # NaN if a row is left unwritten
+
+
+def run_case(model: str, case: str, budget_ms: float) -> dict:
+    c, args, sdpa, peer, ref = prepared(model, case)
+    row = {"model": model, "case": case, "peer": peer, "flops": c["flops"]}
+    for name, kernel in (("new", paged_prefill_attention), ("old", baseline_prefill_attention)):
+        row[f"{name}_max_abs_diff"] = max_abs_diff(kernel, args, ref)
+        row[f"{name}_ms"] = time_ms(lambda k=kernel: k(*args), budget_ms)
+    row["sdpa_ms"] = time_ms(sdpa, budget_ms)
+    for name in ("new", "old", "sdpa"):
+        row[f"{name}_tflops"] = c["flops"] / row[f"{name}_ms"] / 1e9
+    row["new_vs_sdpa"] = row["sdpa_ms"] / row["new_ms"]  # > 1: the new kernel is faster
+    row["new_vs_old"] = row["old_ms"] / row["new_ms"]
+    row["ok"] = all(row[f"{n}_max_abs_diff"] <= MAX_ABS_DIFF for n in ("new", "old"))
+    return row
+
+
+def sweep(model: str, case: str, budget_ms: float) -> list[dict]:
+    """The new kernel under each tile config (the shipped one first), through its module's
+    tile_config; a config that fails to compile or run is recorded, not fatal."""
+    c, args, _, _, ref = prepared(model, case)
+    shipped = kernel_module.tile_config
+    rows = []
+    try:
+        for tiles in [shipped(DTYPE, 128), *SWEEP]:
+            kernel_module.tile_config = lambda dtype, block_d, t=tiles: t
+            row = {"model": model, "case": case, "tiles": list(tiles), "shipped": not rows}
+            try:
+                row["max_abs_diff"] = max_abs_diff(paged_prefill_attention, args, ref)
+                row["ms"] = time_ms(lambda: paged_prefill_attention(*args), budget_ms)
+                row["tflops"] = c["flops"] / row["ms"] / 1e9
+                print(f"  BLOCK_M {tiles[0]:>3} BLOCK_N {tiles[1]:>3} warps {tiles[2]} stages {tiles[3]}: "
+                      f"{row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s  max|d| {row['max_abs_diff']:.2e}"
+                      + ("  (shipped)" if row["shipped"] else ""))
+            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on this GPU
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                print(f"  {tiles}: {row['error']}")
+            rows.append(row)
+    finally:
+        kernel_module.tile_config = shipped
+    return rows
+
+
+def write(path: Path, info: dict, rows: list[dict], sweep_rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": info, "block_size": BLOCK_SIZE, "dtype": str(DTYPE),
+                                "results": rows, "sweep": sweep_rows}, indent=2) + "\n")
+
+
+def main() -> int:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device")
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    info = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    print(f"{info['gpu']}  torch {info['torch']}  triton {info['triton']}  {DTYPE}, block size {BLOCK_SIZE}")
+    print(f"{'model':<11} {'case':<19} {'new ms':>8} {'old ms':>8} {'sdpa ms':>8} "
+          f"{'new TF/s':>8} {'old TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'vs old':>6} {'max|d|':>8}")
+    rows = []
+    for model in args.models:
+        for case in args.cases:
+            r = run_case(model, case, args.budget_ms)
+            rows.append(r)
+            flag = "" if r["ok"] else f"  MISMATCH (old {r['old_max_abs_diff']:.3g})"
+            print(f"{model:<11} {case:<19} {r['new_ms']:8.3f} {r['old_ms']:8.3f} {r['sdpa_ms']:8.3f} "
+                  f"{r['new_tflops']:8.1f} {r['old_tflops']:8.1f} {r['sdpa_tflops']:9.1f} "
+                  f"{r['new_vs_sdpa']:6.2f}x {r['new_vs_old']:5.2f}x {r['new_max_abs_diff']:8.2e}{flag}")
+            torch.cuda.empty_cache()
+    path = Path(args.json)
+    write(path, info, rows, [])  # kept even if the sweep below dies
+    sweep_rows = []
+    if args.sweep:
+        model, case = args.sweep_case.split(":")
+        print(f"tile sweep, new kernel, {model} {case}:")
+        sweep_rows = sweep(model, case, args.budget_ms)
+        write(path, info, rows, sweep_rows)
+    print(f"wrote {path}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
