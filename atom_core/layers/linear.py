@@ -4,14 +4,17 @@ Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` 
 a Hugging Face checkpoint tensor into this rank's slice; fused layers (qkv, gate_up) take
 ``shard_id`` to say which of their parts the tensor is. Tensor parallelism is 1 for now
 (``tp_rank_and_size``), but the slicing is written for any size so the layers stay the same
-when the distributed groups land.
+when the distributed groups land. The product itself is the registry's ``linear`` op
+(``F.linear`` contract), resolved once for the build context's device.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from atom_core.layers.context import get_build_context
+from atom_core.ops import resolve_op
 
 
 def tp_rank_and_size() -> tuple[int, int]:
@@ -51,6 +54,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self._linear = resolve_op("linear", get_build_context().device)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -63,7 +67,7 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
@@ -93,7 +97,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
-        return F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return self._linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch.nn.functional as F
+
 from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul
 from atom_core.ops.native.moe import fused_moe
@@ -16,6 +18,7 @@ NATIVE_OPS = {
     "rotary_embedding": rotary_embedding,
     "fused_moe": fused_moe,
     "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
+    "linear": F.linear,  # cuBLAS / the CPU BLAS: nothing to add on top
 }
 
 

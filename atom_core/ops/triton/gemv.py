@@ -1,0 +1,210 @@
+"""Skinny GEMM (the ``linear`` op) for decode-sized batches: stream each weight row once.
+
+Same contract as ``F.linear(x, weight, bias)``. At decode, M (the rows of x) is a handful
+and the op is bound by reading W, yet cuBLAS picks GEMM tilings that reach a fraction of
+HBM bandwidth on the small projection matrices. Here each program owns BLOCK_N output
+features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K at a time
+(fp32 accumulation, 16-byte loads along K); x is a few KB and stays in cache.
+
+- M == 1: multiply-and-add into a [BLOCK_N, BLOCK_K] fp32 tile, one reduction at the end
+  (no tensor cores: a 1-row product is a dot per output, and BLOCK_N can go below the
+  16 that ``tl.dot`` needs, which gives small-N matrices more programs).
+- 2 <= M <= MAX_ROWS: ``tl.dot`` on x padded to 16 rows. 16 is ``tl.dot``'s smallest tile,
+  so every row shares one pass over W; past it a second row tile would re-read W and
+  cuBLAS's own tilings start to pay, so larger M falls back to ``F.linear``.
+- SPLIT_K > 1 (few output features, long K: o_proj, down_proj) splits K across programs
+  so the grid fills the GPU. The partial sums go to an fp32 [SPLIT_K, M, N] buffer that a
+  second kernel sums in a fixed order, casts and biases: bitwise reproducible, unlike
+  atomics, and graph-capturable (shapes decide everything, buffers are ``torch.empty``).
+
+Block sizes come from ``TUNED[(N, K)]`` (filled from ``bench/gemv.py`` on a GPU) or else
+from ``default_config``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TypedDict
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
+
+
+class GemvConfig(TypedDict):
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLIT_K: int
+    num_warps: int
+    num_stages: int
+
+
+# (N, K) -> {M bucket (1, 2, 4, 8, 16): config}; filled from bench/gemv.py output.
+TUNED: dict[tuple[int, int], dict[int, GemvConfig]] = {}
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_k = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    # Out-of-range features re-read the last row instead of masking: W loads stay unmasked
+    # along N (vectorized), and their results are never stored.
+    w_off = tl.minimum(cols, N - 1).to(tl.int64) * K
+    w_rows = w_ptr + w_off[:, None]
+    w_cols = w_ptr + w_off[None, :]
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    ks = tl.arange(0, BLOCK_K)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if BLOCK_M == 1:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < K
+            a = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+            acc2 += w * a[None, :]
+        acc = tl.sum(acc2, axis=1)[None, :]
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < K
+            a = tl.load(
+                x_ptr + rows[:, None] * x_stride + kk[None, :],
+                mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+            )
+            # The W^T tile [BLOCK_K, BLOCK_N], addressed directly: contiguous along K, so
+            # the loads still vectorize.
+            w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(a, w_t, acc, input_precision=PRECISION)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if SPLIT:
+        offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+        tl.store(part_ptr + offs, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_ptr, b_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
+        acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + cols, mask=col_ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def m_bucket(m: int) -> int:
+    """The power of two at or above m (1, 2, 4, 8, 16)."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig:
+    """Block sizes from the shape alone.
+
+    Bandwidth needs bytes in flight on every SM, so the grid aims at >= 2 programs per SM:
+    the widest BLOCK_N that reaches it (wider tiles issue more loads per iteration), else
+    the narrowest plus SPLIT_K (a power of two, <= 8, each split >= 2 BLOCK_K chunks so
+    the second kernel stays worth it). BLOCK_K is 64 16-byte vectors along K for the
+    1-row path (one per thread of 2 warps per W row), half that for the ``tl.dot`` path,
+    whose pipeline stages hold (BLOCK_N + 16) x BLOCK_K tiles in shared memory.
+    """
+    vec = 16 // elem_size
+    widths = (16, 8, 4) if m == 1 else (64, 32, 16)
+    block_k = min(triton.next_power_of_2(k), (64 if m == 1 else 32) * vec)
+    target = 2 * num_sms
+    block_n = next((w for w in widths if triton.cdiv(n, w) >= target), widths[-1])
+    programs = triton.cdiv(n, block_n)
+    split_k = 1
+    while programs * split_k < target and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
+        split_k *= 2
+    return GemvConfig(
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=2 if m == 1 else 3
+    )
+
+
+def get_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig:
+    table = TUNED.get((n, k))
+    if table:
+        bucket = m_bucket(m)
+        # The nearest tuned bucket at or above this one, else the largest tuned.
+        above = [b for b in table if b >= bucket]
+        return table[min(above) if above else max(table)]
+    return default_config(m, n, k, elem_size, num_sms)
+
+
+def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``)."""
+    if x.dim() == 0 or x.shape[-1] == 0:
+        return False
+    return (
+        0 < x.numel() // x.shape[-1] <= MAX_ROWS
+        and weight.dim() == 2
+        and weight.shape[1] == x.shape[-1]
+        and weight.is_contiguous()
+        and weight.dtype in DTYPES
+        and x.dtype == weight.dtype
+        and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous()))
+    )
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """x @ weight.T + bias; ``config`` overrides the table's block sizes (for tuning)."""
+    if not supported(x, weight, bias):
+        return F.linear(x, weight, bias)
+    n, k = weight.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if config is None:
+        config = get_config(m, n, k, weight.element_size(), _num_sms(weight.device))
+    block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    # Each split covers whole BLOCK_K chunks, so no chunk straddles two splits.
+    k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
+    split_k = triton.cdiv(k, k_per_split)  # drops splits that would start past K
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    has_bias = bias is not None
+    _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
+        x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
+        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
+        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    if split_k > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias if has_bias else weight, out, m, n, SPLIT_K=split_k, HAS_BIAS=has_bias, BLOCK=block,
+        )
+    return out.view(*x.shape[:-1], n)

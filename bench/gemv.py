@@ -1,0 +1,294 @@
+"""Decode-sized linear layers: F.linear (cuBLAS) vs the Triton skinny GEMM (``linear`` op).
+
+    python bench/gemv.py [--models qwen3-0.6b qwen3-8b qwen3-30b-a3b deepseek-v2-lite]
+        [--rows 1 2 4 8 16] [--dtype bf16] [--calls 20] [--no-sweep]
+        [--json bench/results/gemv.json]
+
+Shapes are every projection that goes through the ``linear`` op (attention, dense MLPs,
+shared experts, the LM head; not the routed experts, which are ``fused_moe``), from
+``bench/configs/<model>/config.json``. Each op is timed as a CUDA graph of ``--calls``
+back-to-back calls (no launch gaps), replayed; the calls cycle through enough copies of
+the weight to overflow L2, as a decode step's layers each read their own weight. For each
+shape and M: cuBLAS, the Triton default heuristic, and the best of a small config sweep,
+in microseconds and TB/s (weight + x + out bytes / time; "triton" is what the op runs
+today: ``TUNED`` if it has the shape, else the default heuristic), beside the copy bandwidth
+(read + write) measured in the same run. Prints ``TUNED`` entries for
+``atom_core/ops/triton/gemv.py`` and writes every timing to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from atom_core.ops.triton.gemv import MAX_ROWS, GemvConfig, get_config, linear  # noqa: E402
+
+MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+SMEM_BYTES = 220 * 1024  # H100/H200 allow 227 KiB per block; keep a little slack
+
+
+def projections(cfg: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """(name, N, K, calls per decode step) of each ``linear``-op projection of a config."""
+    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    out: list[tuple[str, int, int, int]] = []
+    if cfg["model_type"].startswith("deepseek"):
+        qk_head = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+        if cfg.get("q_lora_rank"):
+            out += [("q_a_proj", cfg["q_lora_rank"], hidden, layers),
+                    ("q_b_proj", heads * qk_head, cfg["q_lora_rank"], layers)]
+        else:
+            out.append(("q_proj", heads * qk_head, hidden, layers))
+        # kv_b_proj's weight goes to the MLA kernels, not through the op.
+        out += [("kv_a_proj", cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], hidden, layers),
+                ("o_proj", hidden, heads * cfg["v_head_dim"], layers)]
+        dense = cfg.get("first_k_dense_replace", 0)
+        if dense:
+            out += [("mlp.gate_up", 2 * cfg["intermediate_size"], hidden, dense),
+                    ("mlp.down", hidden, cfg["intermediate_size"], dense)]
+        shared = cfg["moe_intermediate_size"] * (cfg.get("n_shared_experts") or 0)
+        if shared and layers > dense:
+            out += [("shared.gate_up", 2 * shared, hidden, layers - dense),
+                    ("shared.down", hidden, shared, layers - dense)]
+    else:
+        head_dim = cfg.get("head_dim") or hidden // heads
+        qkv = (heads + 2 * cfg["num_key_value_heads"]) * head_dim
+        out += [("qkv_proj", qkv, hidden, layers), ("o_proj", hidden, heads * head_dim, layers)]
+        if "num_experts" not in cfg:  # a dense model's MLP (Qwen3-MoE's are all fused_moe)
+            out += [("gate_up", 2 * cfg["intermediate_size"], hidden, layers),
+                    ("down", hidden, cfg["intermediate_size"], layers)]
+    out.append(("lm_head", cfg["vocab_size"], hidden, 1))
+    return out
+
+
+def candidates(m: int, n: int, k: int, elem_size: int) -> list[GemvConfig]:
+    """The sweep: small, so that compiling it all fits the run in minutes."""
+    if m == 1:
+        grid = itertools.product((4, 8, 16, 32), (256, 512, 1024), (1, 2, 4), (4, 8), (2,))
+    else:
+        grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))
+    out = []
+    for bn, bk, split, warps, stages in grid:
+        if bk > max(128, 1 << math.ceil(math.log2(k))):
+            continue  # a tile wider than K
+        if split > 1 and math.ceil(k / bk) < 2 * split:
+            continue  # splits of under two chunks: not worth the reduce kernel
+        if m > 1 and stages * (bn + MAX_ROWS) * bk * elem_size > SMEM_BYTES:
+            continue
+        # The 1-row path keeps an fp32 [BLOCK_N, BLOCK_K] tile in registers: 8192 is 64 per
+        # thread at 4 warps; 8 warps only pays for the largest tiles.
+        if m == 1 and (bn * bk > 8192 or (warps == 8 and bn * bk < 8192)):
+            continue
+        out.append(GemvConfig(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages))
+    return out
+
+
+def bytes_moved(m: int, n: int, k: int, elem_size: int) -> int:
+    return (n * k + m * k + m * n) * elem_size
+
+
+def tbps(nbytes: int, us: float) -> float:
+    return nbytes / us / 1e6
+
+
+def config_str(c: GemvConfig) -> str:
+    return f"{c['BLOCK_N']}x{c['BLOCK_K']} s{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}"
+
+
+HEADER = (
+    f"{'model':16} {'proj':14} {'N':>6} {'K':>6} {'M':>3} | {'cuBLAS us':>9} {'TB/s':>5} | "
+    f"{'triton us':>9} {'TB/s':>5} | {'best us':>8} {'TB/s':>5} {'best config':>22}"
+)
+
+
+def table_row(r: dict[str, Any]) -> str:
+    def cell(us: float | None, width: int) -> str:
+        if us is None:
+            return f"{'-':>{width}} {'-':>5}"
+        return f"{us:{width}.2f} {tbps(r['bytes'], us):5.2f}"
+
+    best = config_str(r["best_config"]) if r.get("best_config") else "-"
+    return (
+        f"{r['model']:16} {r['proj']:14} {r['N']:6d} {r['K']:6d} {r['M']:3d} | {cell(r['cublas_us'], 9)} | "
+        f"{cell(r['triton_us'], 9)} | {cell(r.get('best_us'), 8)} {best:>22}"
+    )
+
+
+def step_summary(results: list[dict[str, Any]]) -> list[str]:
+    """Per model and M: the decode step's linear time (each projection x its calls)."""
+    lines = []
+    keys = sorted({(r["model"], r["M"]) for r in results}, key=lambda t: (MODELS.index(t[0])
+                  if t[0] in MODELS else len(MODELS), t[0], t[1]))
+    for model, m in keys:
+        rows = [r for r in results if r["model"] == model and r["M"] == m]
+        total = {
+            col: sum(r[col] * r["calls_per_step"] for r in rows if r.get(col) is not None)
+            for col in ("cublas_us", "triton_us", "best_us")
+        }
+        lines.append(
+            f"{model:16} M={m:2d}: linears per step  cuBLAS {total['cublas_us']:8.1f} us  "
+            f"triton {total['triton_us']:8.1f} us  best {total['best_us']:8.1f} us"
+        )
+    return lines
+
+
+def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[str]:
+    """``TUNED[(N, K)] = {M: ...}`` lines where the sweep beat the default by > margin."""
+    by_shape: dict[tuple[int, int], dict[int, GemvConfig]] = {}
+    for r in results:
+        if r.get("best_us") is not None and r["best_us"] < r["triton_us"] * (1 - margin):
+            by_shape.setdefault((r["N"], r["K"]), {})[r["M"]] = r["best_config"]
+    lines = []
+    for (n, k), per_m in sorted(by_shape.items()):
+        lines.append(f"TUNED[({n}, {k})] = {{")
+        for m, c in sorted(per_m.items()):
+            args = ", ".join(f"{key}={v}" for key, v in c.items())
+            lines.append(f"    {m}: GemvConfig({args}),")
+        lines.append("}")
+    return lines
+
+
+# --- the GPU side ---------------------------------------------------------------------------
+
+
+def graph_us(fns: list[Callable[[], Any]], replays: int = 7) -> float:
+    """Microseconds per call of ``fns`` run back to back in one CUDA graph (median replay)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in fns[:2]:  # compile and warm outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(fns))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def bench_shape(
+    model: str, proj: str, n: int, k: int, per_step: int, rows: list[int], dtype: torch.dtype,
+    calls: int, sweep: bool, l2_bytes: int, num_sms: int,
+) -> list[dict[str, Any]]:
+    elem = torch.tensor([], dtype=dtype).element_size()
+    # Enough weight copies that a graph's calls never find their weight in L2.
+    copies = max(1, min(calls, math.ceil(4 * l2_bytes / (n * k * elem))))
+    weights = [(torch.randn(n, k, device="cuda") / k**0.5).to(dtype) for _ in range(copies)]
+    results = []
+
+    def calls_of(fn: Callable[..., Any], x: torch.Tensor, **kw: Any) -> list[Callable[[], Any]]:
+        return [lambda w=weights[i % copies]: fn(x, w, **kw) for i in range(calls)]
+
+    for m in rows:
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        ref = F.linear(x.float(), weights[0].float())
+        r: dict[str, Any] = {
+            "model": model, "proj": proj, "N": n, "K": k, "M": m, "calls_per_step": per_step,
+            "bytes": bytes_moved(m, n, k, elem), "triton_config": get_config(m, n, k, elem, num_sms),
+            "cublas_us": graph_us(calls_of(F.linear, x)), "triton_us": graph_us(calls_of(linear, x)),
+        }
+        r["triton_err"] = rel_err(linear(x, weights[0]), ref)
+        if sweep:
+            swept = []
+            for c in candidates(m, n, k, elem):
+                try:
+                    if rel_err(linear(x, weights[0], config=c), ref) >= TOLERANCE[dtype]:
+                        print(f"  {proj} M={m} {config_str(c)}: off the reference, skipped", flush=True)
+                        continue
+                    swept.append((graph_us(calls_of(linear, x, config=c)), c))
+                except Exception as e:  # out of shared memory / registers at compile time
+                    print(f"  {proj} M={m} {config_str(c)}: {type(e).__name__}, skipped", flush=True)
+            swept.sort(key=lambda t: t[0])
+            if swept:
+                r["best_us"], r["best_config"] = swept[0]
+            r["swept"] = [{"us": us, **c} for us, c in swept]
+        print(table_row(r), flush=True)
+        results.append(r)
+    weights.clear()  # free them before the next shape's
+    torch.cuda.empty_cache()
+    return results
+
+
+def load_config(model: str) -> dict[str, Any]:
+    return json.loads((ROOT / "bench" / "configs" / model / "config.json").read_text())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="M values (<= 16)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per CUDA graph")
+    ap.add_argument("--no-sweep", action="store_true", help="time only cuBLAS and the default")
+    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "gemv.json")
+    args = ap.parse_args(argv)
+    if any(not 1 <= m <= MAX_ROWS for m in args.rows):
+        ap.error(f"--rows must be within 1..{MAX_ROWS} (larger M falls back to F.linear)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench/gemv.py needs a CUDA GPU")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_models import copy_bandwidth, machine
+
+    dtype = DTYPES[args.dtype]
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 0) or 60 << 20
+    copy_bw = copy_bandwidth()
+    print(f"{props.name}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write), L2 {l2_bytes >> 20} MiB")
+    print(HEADER, flush=True)
+    start, results = time.time(), []
+    for model in args.models:
+        for proj, n, k, per_step in projections(load_config(model)):
+            results += bench_shape(
+                model, proj, n, k, per_step, args.rows, dtype, args.calls, not args.no_sweep,
+                l2_bytes, props.multi_processor_count,
+            )
+    print(f"\n{len(results)} points in {time.time() - start:.0f} s")
+    print("\n".join(step_summary(results)))
+    print("\n# for atom_core/ops/triton/gemv.py:\n" + ("\n".join(tuned_entries(results)) or "# (nothing to add)"))
+    report = {
+        "machine": machine(), "dtype": args.dtype, "calls_per_graph": args.calls,
+        "copy_bandwidth_tbs": copy_bw / 1e12, "results": results,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

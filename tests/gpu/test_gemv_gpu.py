@@ -1,0 +1,112 @@
+"""The Triton ``linear`` against F.linear on the GPU: the real decode projections and LM
+heads, every M up to the threshold, bf16/fp16/fp32, split-K determinism and CUDA-graph
+replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+triton = pytest.importorskip("triton")
+
+from atom_core.ops import resolve_op  # noqa: E402
+from atom_core.ops.triton.gemv import MAX_ROWS, GemvConfig, get_config, linear  # noqa: E402
+from tests.ops.reference import rel_err, tolerance  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# (N, K) of the projections that go through the op (bench/gemv.py lists them per model).
+SHAPES = {
+    "qwen3-0.6b.qkv": (4096, 1024),
+    "qwen3-0.6b.o": (1024, 2048),
+    "qwen3-0.6b.gate_up": (6144, 1024),
+    "qwen3-0.6b.down": (1024, 3072),
+    "qwen3-0.6b.lm_head": (151936, 1024),
+    "qwen3-8b.qkv": (6144, 4096),
+    "qwen3-8b.o": (4096, 4096),
+    "qwen3-8b.down": (4096, 12288),
+    "qwen3-30b-a3b.qkv": (5120, 2048),
+    "deepseek-v2-lite.kv_a": (576, 2048),
+    "deepseek-v2-lite.mlp.down": (2048, 10944),
+}
+_weights: dict = {}
+
+
+def weight(n: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    key = (n, k, dtype)
+    if key not in _weights:
+        _weights.clear()  # one shape at a time (the LM heads are GBs in fp32)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        _weights[key] = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).to(dtype)
+    return _weights[key]
+
+
+def rand(*shape, dtype, seed=1):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_real_shapes_every_m(shape, dtype):
+    n, k = SHAPES[shape]
+    w = weight(n, k, dtype)
+    for m in range(1, MAX_ROWS + 1):
+        x = rand(m, k, dtype=dtype, seed=m)
+        got = linear(x, w)
+        ref = F.linear(x.float(), w.float())
+        assert got.dtype == dtype
+        assert rel_err(got, ref) < tolerance(dtype), (shape, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_bias_and_3d_input(dtype, m):
+    n, k = 1000, 777  # off every block size
+    w, b = rand(n, k, dtype=dtype), rand(n, dtype=dtype, seed=2)
+    x = rand(m, 2, k, dtype=dtype, seed=3)
+    for split in (1, 4):
+        c = GemvConfig(BLOCK_N=16, BLOCK_K=128, SPLIT_K=split, num_warps=4, num_stages=3)
+        got = linear(x, w, b, config=c)
+        assert got.shape == (m, 2, n)
+        assert rel_err(got, F.linear(x.float(), w.float(), b.float())) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_split_k_is_bitwise_reproducible(m):
+    n, k = SHAPES["qwen3-0.6b.down"]
+    w, x = weight(n, k, torch.bfloat16), rand(m, k, dtype=torch.bfloat16)
+    assert get_config(m, n, k, 2)["SPLIT_K"] > 1  # the default splits this shape
+    first = linear(x, w)
+    for _ in range(20):
+        assert torch.equal(linear(x, w), first)
+
+
+@pytest.mark.parametrize("shape", ["qwen3-0.6b.qkv", "qwen3-0.6b.down", "qwen3-0.6b.lm_head"])
+@pytest.mark.parametrize("m", [1, 8])
+def test_cuda_graph_replay_equals_eager(shape, m):
+    n, k = SHAPES[shape]
+    w = weight(n, k, torch.bfloat16)
+    x = rand(m, k, dtype=torch.bfloat16)
+    b = rand(n, dtype=torch.bfloat16, seed=2)
+    eager = linear(x, w, b)  # also compiles before the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        linear(x, w, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear(x, w, b)
+    x.copy_(rand(m, k, dtype=torch.bfloat16, seed=5))  # replay reads the new input
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, linear(x, w, b))
+    assert not torch.equal(out, eager)
+
+
+def test_registered_for_cuda():
+    assert resolve_op("linear", "cuda") is linear

@@ -1,0 +1,141 @@
+"""The Triton ``linear`` (skinny GEMM) against F.linear, on CPU through TRITON_INTERPRET=1
+with small shapes (tests/gpu/test_gemv_gpu.py runs the real ones). Skipped where triton is
+not installed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+from atom_core.ops import resolve_op  # noqa: E402
+from atom_core.ops.triton import gemv  # noqa: E402
+from atom_core.ops.triton.gemv import GemvConfig, default_config, get_config, linear  # noqa: E402
+from tests.ops.reference import rel_err, tolerance  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# N and K off every block size below; BLOCK_K 32 < K exercises the K loop and its tail.
+N, K = 70, 200
+SMALL = GemvConfig(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
+SPLIT = GemvConfig(BLOCK_N=8, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=2)
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
+
+def dtypes_for(m: int) -> list[torch.dtype]:
+    # The interpreter's tl.dot reads bf16 operands as raw bits, so the M > 1 (tl.dot)
+    # path is checked in bf16 by tests/gpu only; the M == 1 path does no tl.dot.
+    if m > 1 and DEVICE == "cpu":
+        return [torch.float32, torch.float16]
+    return [torch.float32, torch.float16, torch.bfloat16]
+
+
+def reference(x, w, b):
+    """F.linear in fp32 on the same (rounded) inputs."""
+    return F.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+def check(x, w, b, config):
+    out = linear(x, w, b, config=config)
+    assert out.dtype == x.dtype and out.shape == (*x.shape[:-1], w.shape[0])
+    # fp32 runs tl.dot in ieee precision and the 1-row path in fp32 FMAs: fp32-tight.
+    assert rel_err(out, reference(x, w, b)) < tolerance(x.dtype)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("config", [SMALL, SPLIT], ids=["no-split", "split-k"])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_matches_f_linear(m, config, has_bias):
+    for dtype in dtypes_for(m):
+        x, w = rand(m, K, dtype=dtype), rand(N, K, dtype=dtype, seed=1)
+        b = rand(N, dtype=dtype, seed=2) if has_bias else None
+        check(x, w, b, config)
+
+
+def test_every_row_count_up_to_the_threshold():
+    w, b = rand(N, K, seed=1), rand(N, seed=2)
+    for m in range(1, gemv.MAX_ROWS + 1):
+        check(rand(m, K, seed=m), w, b, SPLIT)
+
+
+def test_three_d_input_and_default_config():
+    x, w, b = rand(2, 3, K), rand(N, K, seed=1), rand(N, seed=2)
+    out = linear(x, w, b)
+    assert out.shape == (2, 3, N)
+    assert rel_err(out, reference(x, w, b)) < tolerance(torch.float32)
+
+
+def test_strided_rows_of_x():
+    # x a column slice of a wider tensor (rows not contiguous with each other).
+    x, w = rand(4, 2 * K)[:, :K], rand(N, K, seed=1)
+    check(x, w, None, SMALL)
+
+
+def test_split_k_is_bitwise_reproducible():
+    x, w, b = rand(3, K), rand(N, K, seed=1), rand(N, seed=2)
+    assert torch.equal(linear(x, w, b, config=SPLIT), linear(x, w, b, config=SPLIT))
+
+
+def test_split_past_k_is_dropped():
+    # 7 chunks of 32 cannot be split 8 ways into whole chunks: the launch uses 7.
+    x, w = rand(1, K), rand(N, K, seed=1)
+    check(x, w, None, GemvConfig(BLOCK_N=16, BLOCK_K=32, SPLIT_K=8, num_warps=4, num_stages=2))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["many-rows", "strided-weight", "dtype-mismatch", "no-rows", "int"],
+)
+def test_falls_back_to_f_linear(case, monkeypatch):
+    x, w, b = rand(gemv.MAX_ROWS + 1, K), rand(N, K, seed=1), rand(N, seed=2)
+    if case == "strided-weight":
+        x, w = x[:2], rand(K, N, seed=1).t()
+    elif case == "dtype-mismatch":
+        x, b = x[:2].half(), None
+    elif case == "no-rows":
+        x = x[:0]
+    elif case == "int":
+        x, w, b = x[:2].to(torch.int64), w.to(torch.int64), None
+    assert not gemv.supported(x, w, b)
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the kernel ran on a shape it does not serve")
+
+    monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+    if case == "dtype-mismatch":  # F.linear's own error, not a kernel's garbage
+        with pytest.raises(RuntimeError, match="dtype"):
+            linear(x, w, b)
+        return
+    assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+
+
+def test_default_config_fills_the_gpu():
+    sms = 132
+    # (N, K): Qwen3-0.6B qkv, o_proj, gate_up, down; Qwen3-8B o_proj; the 0.6B LM head.
+    for n, k in [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (4096, 4096), (151936, 1024)]:
+        for m in (1, 2, 16):
+            c = default_config(m, n, k, 2, sms)
+            programs = -(-n // c["BLOCK_N"]) * c["SPLIT_K"]
+            assert programs >= 2 * sms or c["SPLIT_K"] > 1, (n, k, m, c)
+            assert c["BLOCK_N"] >= (4 if m == 1 else 16)  # tl.dot needs 16
+            assert -(-k // c["BLOCK_K"]) >= 2 * c["SPLIT_K"] or c["SPLIT_K"] == 1
+    assert default_config(1, 1024, 3072, 2, sms)["SPLIT_K"] > 1  # down_proj: few features
+    assert default_config(1, 151936, 1024, 2, sms)["SPLIT_K"] == 1
+
+
+def test_tuned_table_wins_by_nearest_bucket(monkeypatch):
+    tuned = {2: SMALL, 8: SPLIT}
+    monkeypatch.setitem(gemv.TUNED, (N, K), tuned)
+    assert get_config(1, N, K, 4) is SMALL
+    assert get_config(3, N, K, 4) is SPLIT
+    assert get_config(16, N, K, 4) is SPLIT
+    assert get_config(1, N + 1, K, 4) == default_config(1, N + 1, K, 4)
+
+
+def test_registered_as_linear():
+    assert resolve_op("linear", "cpu") is F.linear
