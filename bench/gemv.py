@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from atom_core.ops.triton.gemv import MAX_ROWS, GemvConfig, get_config, linear  # noqa: E402
+from atom_core.ops.triton.gemv import linear  # noqa: E402
+from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, get_config  # noqa: E402
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -147,18 +148,21 @@ def step_summary(results: list[dict[str, Any]]) -> list[str]:
 
 
 def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[str]:
-    """``TUNED[(N, K)] = {M: ...}`` lines where the sweep beat the default by > margin."""
-    by_shape: dict[tuple[int, int], dict[int, GemvConfig]] = {}
+    """``TUNED[(N, K)] = {M: ...}`` lines for every point measured: the best swept config
+    where it beat cuBLAS by > margin, else None (the op then calls cuBLAS)."""
+    by_shape: dict[tuple[int, int], dict[int, GemvConfig | None]] = {}
     for r in results:
-        if r.get("best_us") is not None and r["best_us"] < r["triton_us"] * (1 - margin):
-            by_shape.setdefault((r["N"], r["K"]), {})[r["M"]] = r["best_config"]
+        if r.get("best_us") is None:
+            continue
+        wins = r["best_us"] < r["cublas_us"] * (1 - margin)
+        by_shape.setdefault((r["N"], r["K"]), {})[r["M"]] = r["best_config"] if wins else None
     lines = []
     for (n, k), per_m in sorted(by_shape.items()):
-        lines.append(f"TUNED[({n}, {k})] = {{")
+        lines.append(f"    ({n}, {k}): {{")
         for m, c in sorted(per_m.items()):
-            args = ", ".join(f"{key}={v}" for key, v in c.items())
-            lines.append(f"    {m}: GemvConfig({args}),")
-        lines.append("}")
+            args = "None" if c is None else "GemvConfig(" + ", ".join(f"{key}={v}" for key, v in c.items()) + ")"
+            lines.append(f"        {m}: {args},")
+        lines.append("    },")
     return lines
 
 
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     print(f"\n{len(results)} points in {time.time() - start:.0f} s")
     print("\n".join(step_summary(results)))
-    print("\n# for atom_core/ops/triton/gemv.py:\n" + ("\n".join(tuned_entries(results)) or "# (nothing to add)"))
+    print("\n# TUNED entries for atom_core/ops/triton/gemv_tuned.py:\n" + "\n".join(tuned_entries(results)))
     report = {
         "machine": machine(), "dtype": args.dtype, "calls_per_graph": args.calls,
         "copy_bandwidth_tbs": copy_bw / 1e12, "results": results,

@@ -96,3 +96,14 @@ def test_config_table():
     small = get_config(1, 8, 128, 2048, 768)
     large = get_config(4096, 8, 128, 2048, 768)
     assert small["BLOCK_M"] <= large["BLOCK_M"]
+
+
+def test_tuned_table_covers_its_buckets_and_defers_past_them():
+    from atom_core.ops.triton.fused_moe_config import TUNED, default_config
+
+    table = TUNED[(2048, 768)]
+    assert get_config(1, 8, 128, 2048, 768) == table[1]
+    assert get_config(20, 8, 128, 2048, 768) == table[32]  # nearest tuned bucket above
+    # Prefill sizes past the largest tuned bucket use the shape heuristic, not a decode tile.
+    assert get_config(8192, 8, 128, 2048, 768) == default_config(8192, 8, 128)
+    assert get_config(8192, 8, 128, 2048, 768)["BLOCK_M"] > table[32]["BLOCK_M"]

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
-from atom_core.ops.triton import gemv  # noqa: E402
-from atom_core.ops.triton.gemv import GemvConfig, default_config, get_config, linear  # noqa: E402
+from atom_core.ops.triton import gemv, gemv_config  # noqa: E402
+from atom_core.ops.triton.gemv import linear  # noqa: E402
+from atom_core.ops.triton.gemv_config import GemvConfig, default_config, get_config  # noqa: E402
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -130,11 +131,34 @@ def test_default_config_fills_the_gpu():
 
 def test_tuned_table_wins_by_nearest_bucket(monkeypatch):
     tuned = {2: SMALL, 8: SPLIT}
-    monkeypatch.setitem(gemv.TUNED, (N, K), tuned)
+    monkeypatch.setitem(gemv_config.TUNED, (N, K), tuned)
     assert get_config(1, N, K, 4) is SMALL
     assert get_config(3, N, K, 4) is SPLIT
     assert get_config(16, N, K, 4) is SPLIT
     assert get_config(1, N + 1, K, 4) == default_config(1, N + 1, K, 4)
+
+
+def test_tuned_none_calls_cublas(monkeypatch):
+    # A bucket measured slower than cuBLAS is None: the op must not launch the kernel.
+    monkeypatch.setitem(gemv_config.TUNED, (N, K), {1: None, 16: SMALL})
+    x, w = rand(1, K), rand(N, K, seed=1)
+
+    class NoKernel:  # launched as kernel[grid](...)
+        def __getitem__(self, grid):
+            raise AssertionError("the kernel ran where the table says cuBLAS")
+
+    monkeypatch.setattr(gemv, "_gemv_kernel", NoKernel())
+    assert torch.equal(linear(x, w), F.linear(x, w))
+    with pytest.raises(AssertionError, match="table says cuBLAS"):
+        linear(rand(4, K), w)  # bucket 16 has a config: the kernel runs
+
+
+def test_shipped_table_is_well_formed():
+    for (n, k), per_m in gemv_config.TUNED.items():
+        assert set(per_m) <= {1, 2, 4, 8, 16}, (n, k)
+        for c in per_m.values():
+            if c is not None:
+                assert c["BLOCK_N"] >= (4 if c["BLOCK_N"] < 16 else 16) and c["SPLIT_K"] >= 1
 
 
 def test_registered_as_linear():

@@ -19,8 +19,19 @@ class MoeConfig(TypedDict):
     num_stages: int
 
 
-# (hidden, inter) -> {token bucket: config}; filled from bench/tune_fused_moe.py output.
-TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {}
+# (hidden, inter) -> {token bucket: config}, from `python bench/tune_fused_moe.py
+# --batch-sizes 1 32` on one NVIDIA H200, bf16, graph replay (bench/results/fused_moe_tuning.json):
+# Qwen3-30B-A3B (E 128, k 8) and DeepSeek-V2-Lite (E 64, k 6) decode batches.
+TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
+    (2048, 768): {
+        1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+        32: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2),
+    },
+    (2048, 1408): {
+        1: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
+        32: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+    },
+}
 
 
 def token_bucket(num_tokens: int) -> int:
@@ -41,7 +52,9 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter
     table = TUNED.get((hidden, inter))
     if table:
         bucket = token_bucket(num_tokens)
-        # The nearest tuned bucket at or above this one, else the largest tuned.
+        # The nearest tuned bucket at or above this one; past the largest tuned (prefill
+        # sizes when only decode was tuned) the shape heuristic knows better.
         above = [b for b in table if b >= bucket]
-        return table[min(above) if above else max(table)]
+        if above:
+            return table[min(above)]
     return default_config(num_tokens, top_k, num_experts)

@@ -17,35 +17,21 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
   second kernel sums in a fixed order, casts and biases: bitwise reproducible, unlike
   atomics, and graph-capturable (shapes decide everything, buffers are ``torch.empty``).
 
-Block sizes come from ``TUNED[(N, K)]`` (filled from ``bench/gemv.py`` on a GPU) or else
-from ``default_config``.
+Block sizes, and whether to call cuBLAS instead, come from ``gemv_config.get_config``.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TypedDict
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16
+from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
+
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
-
-
-class GemvConfig(TypedDict):
-    BLOCK_N: int
-    BLOCK_K: int
-    SPLIT_K: int
-    num_warps: int
-    num_stages: int
-
-
-# (N, K) -> {M bucket (1, 2, 4, 8, 16): config}; filled from bench/gemv.py output.
-TUNED: dict[tuple[int, int], dict[int, GemvConfig]] = {}
 
 
 @triton.jit
@@ -122,45 +108,6 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def m_bucket(m: int) -> int:
-    """The power of two at or above m (1, 2, 4, 8, 16)."""
-    return 1 << max(0, m - 1).bit_length()
-
-
-def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig:
-    """Block sizes from the shape alone.
-
-    Bandwidth needs bytes in flight on every SM, so the grid aims at >= 2 programs per SM:
-    the widest BLOCK_N that reaches it (wider tiles issue more loads per iteration), else
-    the narrowest plus SPLIT_K (a power of two, <= 8, each split >= 2 BLOCK_K chunks so
-    the second kernel stays worth it). BLOCK_K is 64 16-byte vectors along K for the
-    1-row path (one per thread of 2 warps per W row), half that for the ``tl.dot`` path,
-    whose pipeline stages hold (BLOCK_N + 16) x BLOCK_K tiles in shared memory.
-    """
-    vec = 16 // elem_size
-    widths = (16, 8, 4) if m == 1 else (64, 32, 16)
-    block_k = min(triton.next_power_of_2(k), (64 if m == 1 else 32) * vec)
-    target = 2 * num_sms
-    block_n = next((w for w in widths if triton.cdiv(n, w) >= target), widths[-1])
-    programs = triton.cdiv(n, block_n)
-    split_k = 1
-    while programs * split_k < target and split_k < 8 and triton.cdiv(k, block_k) >= 4 * split_k:
-        split_k *= 2
-    return GemvConfig(
-        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=2 if m == 1 else 3
-    )
-
-
-def get_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig:
-    table = TUNED.get((n, k))
-    if table:
-        bucket = m_bucket(m)
-        # The nearest tuned bucket at or above this one, else the largest tuned.
-        above = [b for b in table if b >= bucket]
-        return table[min(above) if above else max(table)]
-    return default_config(m, n, k, elem_size, num_sms)
-
-
 def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``)."""
     if x.dim() == 0 or x.shape[-1] == 0:
@@ -189,6 +136,8 @@ def linear(
     m = x2.shape[0]
     if config is None:
         config = get_config(m, n, k, weight.element_size(), _num_sms(weight.device))
+        if config is None:  # measured: cuBLAS is at least as fast for this shape
+            return F.linear(x, weight, bias)
     block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     # Each split covers whole BLOCK_K chunks, so no chunk straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
