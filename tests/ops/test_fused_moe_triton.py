@@ -107,3 +107,22 @@ def test_tuned_table_covers_its_buckets_and_defers_past_them():
     # Prefill sizes past the largest tuned bucket use the shape heuristic, not a decode tile.
     assert get_config(8192, 8, 128, 2048, 768) == default_config(8192, 8, 128)
     assert get_config(8192, 8, 128, 2048, 768)["BLOCK_M"] > table[32]["BLOCK_M"]
+
+
+@pytest.mark.parametrize(
+    "tokens,top_k,experts,block_m", [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1)]
+)
+def test_single_program_align_equals_torch_layout(tokens, top_k, experts, block_m):
+    # The one-program decode path must lay rows out exactly as the torch path: same rows,
+    # same token order within each expert, same block owners; out-of-range ids get no row.
+    from atom_core.ops.triton import moe_align
+
+    g = torch.Generator().manual_seed(tokens * 100 + experts)
+    ids = torch.randint(-1, experts + 2, (tokens, top_k), generator=g)
+    flat = ids.reshape(-1)
+    capacity = aligned_capacity(flat.numel(), experts, block_m)
+    assert flat.numel() <= moe_align.SMALL_PAIRS
+    small = moe_align._align_small(flat, experts, block_m, capacity)
+    ref = moe_align._align_torch(flat, experts, block_m, capacity)
+    assert torch.equal(small[0], ref[0]) and torch.equal(small[1], ref[1])
+    assert torch.equal(align_by_expert(ids, experts, block_m)[0], ref[0])  # dispatches to it

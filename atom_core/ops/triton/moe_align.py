@@ -5,12 +5,15 @@ multiple of ``block_m``, so every block of ``block_m`` sorted rows belongs to on
 and a kernel program can run one expert's GEMM over it. Everything is torch ops on the
 tensors' device with sizes fixed by (T, k, E, block_m) alone - no ``.item()``, no boolean
 indexing, no ``bincount`` (its CUDA kernel reads the max on the host) - so the whole
-thing can be captured in a CUDA graph and replayed with other ids.
+thing can be captured in a CUDA graph and replayed with other ids. Decode-sized batches
+(at most SMALL_PAIRS pairs) take one Triton program instead, with the same layout.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 
 def aligned_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -31,6 +34,16 @@ def align_by_expert(
     Pairs whose id is outside ``[0, E)`` get no row at all.
     """
     flat = topk_ids.reshape(-1).long()
+    num_pairs = flat.numel()
+    capacity = aligned_capacity(num_pairs, num_experts, block_m)
+    if 0 < num_pairs <= SMALL_PAIRS and num_experts <= SMALL_EXPERTS:
+        return _align_small(flat, num_experts, block_m, capacity)
+    return _align_torch(flat, num_experts, block_m, capacity)
+
+
+def _align_torch(
+    flat: torch.Tensor, num_experts: int, block_m: int, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     num_pairs, device = flat.numel(), flat.device
     # Out-of-range ids go to a sentinel expert E that sorts last and is never laid out.
     eid = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
@@ -43,7 +56,6 @@ def align_by_expert(
     padded[num_experts:].zero_()  # in place: a scalar assignment copies from the host (not capturable)
     padded_ends = torch.cumsum(padded, 0)
     padded_starts = padded_ends - padded
-    capacity = aligned_capacity(num_pairs, num_experts, block_m)
     rank = torch.arange(num_pairs, device=device) - starts[sorted_eid]
     # The sentinel expert's pairs land in one spare slot past the end, then cut off.
     dest = torch.where(sorted_eid < num_experts, padded_starts[sorted_eid] + rank, capacity)
@@ -53,3 +65,58 @@ def align_by_expert(
     block_expert = torch.searchsorted(padded_ends[:num_experts], block_starts, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
     return sorted_pairs[:capacity], block_expert
+
+
+# One program lays out every pair when there are few (decode): the torch path above is ~20
+# small kernels (sort, scatter, cumsums, searchsorted), each a graph node with its own
+# launch gap, which at batch 1 cost more than the expert GEMMs. Past SMALL_PAIRS the
+# [experts x pairs] tiles below outgrow one program's registers.
+SMALL_PAIRS = 512
+SMALL_EXPERTS = 512
+
+
+@triton.jit
+def _align_small_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_experts, capacity,
+    BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_PAD: tl.constexpr,
+    FILL: tl.constexpr,
+):
+    pairs = tl.arange(0, P_PAD)
+    ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
+    # Out-of-range ids (and the padding past num_pairs) match no expert: they get no row.
+    ids = tl.where((ids >= 0) & (ids < num_experts), ids, E_PAD)
+    experts = tl.arange(0, E_PAD)
+    hit = (ids[None, :] == experts[:, None]).to(tl.int32)  # [E_PAD, P_PAD]
+    counts = tl.sum(hit, axis=1)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    # A pair's row: its expert's start plus how many earlier pairs chose that expert, so
+    # each expert's rows stay in token order (as the stable sort of the torch path).
+    before = tl.cumsum(hit, axis=1) - hit
+    dest = tl.sum(hit * (starts[:, None] + before), axis=0)
+    for r0 in range(0, capacity, FILL):
+        rows = r0 + tl.arange(0, FILL)
+        tl.store(sorted_ptr + rows, tl.full([FILL], 0, tl.int32) + num_pairs, mask=rows < capacity)
+    tl.debug_barrier()  # the padding fill lands before the scatter overwrites its rows
+    tl.store(sorted_ptr + dest, pairs, mask=ids < num_experts)
+    blocks = tl.arange(0, NB_PAD)
+    first_row = blocks * BLOCK_M
+    inside = (starts[:, None] <= first_row[None, :]) & (first_row[None, :] < ends[:, None])
+    owner = tl.max(tl.where(inside, experts[:, None], -1), axis=0)
+    tl.store(block_expert_ptr + blocks, owner, mask=first_row < capacity)
+
+
+def _align_small(
+    flat: torch.Tensor, num_experts: int, block_m: int, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_pairs = flat.numel()
+    sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=flat.device)
+    _align_small_kernel[(1,)](
+        flat, sorted_pairs, block_expert, num_pairs, num_experts, capacity,
+        BLOCK_M=block_m, P_PAD=triton.next_power_of_2(num_pairs),
+        E_PAD=triton.next_power_of_2(num_experts),
+        NB_PAD=triton.next_power_of_2(capacity // block_m), FILL=1024, num_warps=8,
+    )
+    return sorted_pairs, block_expert
