@@ -29,58 +29,11 @@ from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
 from atom_core.ops import resolve_op
 
 
-def select_experts(
-    router_logits: torch.Tensor,
-    top_k: int,
-    scoring_func: str = "softmax",
-    renormalize: bool = False,
-    num_expert_group: int | None = None,
-    topk_group: int | None = None,
-    e_score_correction_bias: torch.Tensor | None = None,
-    routed_scaling_factor: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights [T, k] fp32, topk_ids [T, k] int64) from router logits [T, E].
-
-    Scores are softmax or sigmoid of the fp32 logits. ``e_score_correction_bias``
-    (DeepSeek-V3's aux-loss-free balancing) shifts the scores used to *choose* experts,
-    not the weights. With ``num_expert_group``, experts form that many equal groups and
-    only the ``topk_group`` best groups may be chosen from; a group's score is its best
-    expert's (DeepSeek-V2 ``group_limited_greedy``), or the sum of its best two when a
-    correction bias is given (V3 ``noaux_tc``). Weights are then optionally renormalised
-    to sum to one and multiplied by ``routed_scaling_factor``.
-    """
-    logits = router_logits.float()
-    if scoring_func == "softmax":
-        scores = logits.softmax(dim=-1)
-    elif scoring_func == "sigmoid":
-        scores = logits.sigmoid()
-    else:
-        raise ValueError(f"MoE scoring function {scoring_func!r} is not supported")
-    choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float()
-    if num_expert_group is not None and num_expert_group > 1:
-        num_tokens, num_experts = choice.shape
-        grouped = choice.view(num_tokens, num_expert_group, num_experts // num_expert_group)
-        if e_score_correction_bias is None:
-            group_scores = grouped.max(dim=-1).values
-        else:
-            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-        group_idx = torch.topk(group_scores, k=topk_group or 1, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
-        expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
-        choice = choice.masked_fill(~expert_mask, float("-inf"))
-    topk_ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    topk_weights = scores.gather(1, topk_ids)
-    if renormalize:
-        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
-    if routed_scaling_factor != 1.0:
-        topk_weights = topk_weights * routed_scaling_factor
-    return topk_weights, topk_ids
-
-
 class TopKRouter(nn.Module):
-    """The gate: fp32 logits ``x @ weight.T``, then ``select_experts``. The weight stays fp32
-    whatever the model's dtype (DeepSeek's reference keeps its gate in fp32): it is tiny,
-    and a bf16 gate would flip near-tied expert choices."""
+    """The gate: fp32 logits ``x @ weight.T``, then the ``moe_select_experts`` op (see
+    ``atom_core.ops.native.moe.select_experts``). The weight stays fp32 whatever the
+    model's dtype (DeepSeek's reference keeps its gate in fp32): it is tiny, and a bf16
+    gate would flip near-tied expert choices."""
 
     def __init__(
         self,
@@ -114,10 +67,11 @@ class TopKRouter(nn.Module):
             )
         else:
             self.register_parameter("e_score_correction_bias", None)
+        self._select = resolve_op("moe_select_experts", get_build_context().device)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x.float(), self.weight)
-        return select_experts(
+        return self._select(
             logits, self.top_k, self.scoring_func, self.renormalize, self.num_expert_group,
             self.topk_group, self.e_score_correction_bias, self.routed_scaling_factor,
         )

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atom_core.layers.moe import FusedMoE, TopKRouter, load_hf_moe_weights, select_experts
-from atom_core.ops.native.moe import fused_moe
+from atom_core.layers.moe import FusedMoE, TopKRouter, load_hf_moe_weights
+from atom_core.ops.native.moe import fused_moe, select_experts
 from atom_core.plugins import get_registries
 
 

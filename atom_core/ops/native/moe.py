@@ -1,4 +1,8 @@
-"""Routed experts of a mixture-of-experts layer, given the router's choice.
+"""A mixture-of-experts layer's two ops: the router's choice and the routed experts.
+
+``select_experts(router_logits [T, E], top_k, ...) -> (topk_weights [T, k], topk_ids
+[T, k])`` scores, picks and weights each token's experts (registered as
+``moe_select_experts``).
 
 ``fused_moe(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k],
 topk_ids [T, k]) -> [T, H]``: each token's output is the sum over its k chosen experts e of
@@ -48,3 +52,51 @@ def fused_moe(
         y = F.linear(act, w2[expert])
         out.index_add_(0, tokens, y.float() * weight_of[rows, None].float())
     return out.to(hidden.dtype)
+
+
+def select_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    scoring_func: str = "softmax",
+    renormalize: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [T, k] fp32, topk_ids [T, k] int64) from router logits [T, E].
+
+    Scores are softmax or sigmoid of the fp32 logits. ``e_score_correction_bias``
+    (DeepSeek-V3's aux-loss-free balancing) shifts the scores used to *choose* experts,
+    not the weights. With ``num_expert_group``, experts form that many equal groups and
+    only the ``topk_group`` best groups may be chosen from; a group's score is its best
+    expert's (DeepSeek-V2 ``group_limited_greedy``), or the sum of its best two when a
+    correction bias is given (V3 ``noaux_tc``). Weights are then optionally renormalised
+    to sum to one and multiplied by ``routed_scaling_factor``.
+    """
+    logits = router_logits.float()
+    if scoring_func == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif scoring_func == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise ValueError(f"MoE scoring function {scoring_func!r} is not supported")
+    choice = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float()
+    if num_expert_group is not None and num_expert_group > 1:
+        num_tokens, num_experts = choice.shape
+        grouped = choice.view(num_tokens, num_expert_group, num_experts // num_expert_group)
+        if e_score_correction_bias is None:
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=topk_group or 1, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, group_idx, True)
+        expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(num_tokens, num_experts)
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    topk_ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if routed_scaling_factor != 1.0:
+        topk_weights = topk_weights * routed_scaling_factor
+    return topk_weights, topk_ids

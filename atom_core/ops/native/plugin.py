@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul
-from atom_core.ops.native.moe import fused_moe
+from atom_core.ops.native.moe import fused_moe, select_experts
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
 from atom_core.ops.native.rotary import rotary_embedding
@@ -17,6 +17,7 @@ NATIVE_OPS = {
     "silu_and_mul": silu_and_mul,
     "rotary_embedding": rotary_embedding,
     "fused_moe": fused_moe,
+    "moe_select_experts": select_experts,
     "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
     "linear": F.linear,  # cuBLAS / the CPU BLAS: nothing to add on top
 }

@@ -45,6 +45,7 @@ def triton_ops() -> dict:
     from atom_core.ops.triton.activation import silu_and_mul
     from atom_core.ops.triton.fused_moe import fused_moe
     from atom_core.ops.triton.gemv import linear
+    from atom_core.ops.triton.moe_topk import select_experts
     from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
     from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write
     from atom_core.ops.triton.rotary import rotary_embedding
@@ -56,6 +57,7 @@ def triton_ops() -> dict:
         "rotary_embedding": rotary_embedding,
         "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
         "fused_moe": fused_moe,
+        "moe_select_experts": select_experts,
         "linear": linear,
     }
 

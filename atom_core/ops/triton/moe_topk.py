@@ -1,0 +1,109 @@
+"""MoE routing in one kernel: score -> (group limit) -> top-k -> renormalise -> scale.
+
+``select_experts`` is ``atom_core.ops.native.moe.select_experts`` with one program per
+token where the reference takes a dozen small kernels (softmax, topk, gather, sum, div,
+mul, the group masking). The whole row of E scores lives in registers; top-k is k rounds
+of argmax-and-mask. Ties go to the lowest expert index (torch.topk leaves them
+unspecified), and a row's ids come out best first rather than in torch.topk's order:
+fused_moe sums over a token's slots, so the order does not matter. Sizes come from the
+shapes alone and nothing is read back on the host, so it captures in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _moe_topk_kernel(
+    logits_ptr, logits_stride, bias_ptr, weights_ptr, ids_ptr, num_experts, group_size, scale,
+    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_GROUPS: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    valid = offs < num_experts
+    x = tl.load(logits_ptr + row * logits_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    if SIGMOID:
+        scores = 1.0 / (1.0 + tl.exp(-x))
+    else:
+        p = tl.exp(x - tl.max(x, axis=0))  # padding: exp(-inf) = 0
+        scores = p / tl.sum(p, axis=0)
+    choice = scores
+    if HAS_BIAS:
+        # The bias steers which experts are chosen, never their weights.
+        choice += tl.load(bias_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+    choice = tl.where(valid, choice, float("-inf"))
+
+    if NUM_GROUPS > 1:
+        # Each expert carries its group's score; the TOPK_GROUP best groups stay open.
+        group = offs // group_size
+        group_score = tl.full([BLOCK_E], float("-inf"), tl.float32)
+        for g in tl.static_range(NUM_GROUPS):
+            member = tl.where(group == g, choice, float("-inf"))
+            best = tl.max(member, axis=0)
+            if HAS_BIAS:  # the sum of the group's best two (V3 noaux_tc)
+                first = tl.argmax(member, axis=0, tie_break_left=True)
+                best += tl.max(tl.where(offs == first, float("-inf"), member), axis=0)
+            group_score = tl.where(group == g, best, group_score)
+        # Padding experts (group >= NUM_GROUPS) keep -inf, so no round picks them.
+        allowed = offs < 0  # none yet
+        for _ in tl.static_range(TOPK_GROUP):
+            picked = tl.argmax(group_score, axis=0, tie_break_left=True) // group_size
+            allowed = allowed | (group == picked)
+            group_score = tl.where(group == picked, float("-inf"), group_score)
+        choice = tl.where(allowed, choice, float("-inf"))
+
+    slots = tl.arange(0, BLOCK_K)
+    weights = tl.zeros([BLOCK_K], tl.float32)
+    ids = tl.zeros([BLOCK_K], tl.int64)
+    for j in tl.static_range(TOP_K):
+        best = tl.argmax(choice, axis=0, tie_break_left=True)
+        weights = tl.where(slots == j, tl.sum(tl.where(offs == best, scores, 0.0), axis=0), weights)
+        ids = tl.where(slots == j, best.to(tl.int64), ids)
+        choice = tl.where(offs == best, float("-inf"), choice)
+    if RENORMALIZE:
+        weights = weights / (tl.sum(weights, axis=0) + 1e-20)
+    out = row * TOP_K + slots
+    tl.store(weights_ptr + out, weights * scale, mask=slots < TOP_K)
+    tl.store(ids_ptr + out, ids, mask=slots < TOP_K)
+
+
+def select_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    scoring_func: str = "softmax",
+    renormalize: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [T, k] fp32, topk_ids [T, k] int64) from router logits [T, E]; the
+    native op's contract, up to the order of each row's ids (best first here)."""
+    if scoring_func not in ("softmax", "sigmoid"):
+        raise ValueError(f"MoE scoring function {scoring_func!r} is not supported")
+    num_tokens, num_experts = router_logits.shape
+    if router_logits.stride(-1) != 1:
+        router_logits = router_logits.contiguous()
+    num_groups = num_expert_group if num_expert_group is not None and num_expert_group > 1 else 1
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=router_logits.device)
+    if num_tokens == 0:
+        return weights, ids
+    block_e = triton.next_power_of_2(num_experts)
+    bias = e_score_correction_bias
+    _moe_topk_kernel[(num_tokens,)](
+        router_logits, router_logits.stride(0), bias if bias is not None else router_logits,
+        weights, ids, num_experts, num_experts // num_groups, float(routed_scaling_factor),
+        TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        SIGMOID=scoring_func == "sigmoid", HAS_BIAS=bias is not None, RENORMALIZE=renormalize,
+        NUM_GROUPS=num_groups, TOPK_GROUP=min(topk_group or 1, num_groups),
+        # One warp holds a row of up to 256 experts in 8 registers a lane; its reductions
+        # then stay in shuffles, which is what a decode step's latency wants.
+        num_warps=max(1, min(8, block_e // 256)),
+    )
+    return weights, ids
