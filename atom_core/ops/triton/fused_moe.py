@@ -7,13 +7,14 @@ out by expert in blocks of BLOCK_M rows (``moe_align``); then
    expert's ``w13`` and write ``silu(gate) * up`` to an intermediate [rows, I] (the
    activation is fused: gate and up tiles are accumulated side by side);
 2. ``_down_kernel``: multiply the intermediate by ``w2[e]``, scale by the routing weight
-   and write each pair's contribution to its own row of an fp32 [T*k, H] buffer, which
-   torch sums over k.
+   and write each pair's contribution to its own row of an fp32 [T*k, H] buffer;
+3. ``_sum_pairs_kernel``: sum each token's k rows in slot order, skipping pairs whose id
+   had no expert (their rows are never written: no memset of the buffer), and cast.
 
 The per-pair buffer, not atomic adds into [T, H]: the k contributions are then summed in
 a fixed order, so the output is bitwise reproducible run to run (atomics add in whatever
-order the programs finish), and it is as graph-safe (fixed shape, one memset). It costs
-T*k*H*4 bytes and one small reduction, little next to the weight traffic of the GEMMs.
+order the programs finish), and it is as graph-safe (fixed shape). It costs T*k*H*4 bytes
+and one small reduction, little next to the weight traffic of the GEMMs.
 """
 
 from __future__ import annotations
@@ -98,6 +99,23 @@ def _down_kernel(
     tl.store(out_ptr + out_off, y, mask=valid[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _sum_pairs_kernel(
+    per_pair_ptr, ids_ptr, out_ptr, top_k, num_experts, hidden,
+    BLOCK_H: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < hidden
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in range(0, top_k):
+        pair = token * top_k + j
+        e = tl.load(ids_ptr + pair)
+        if (e >= 0) & (e < num_experts):  # else the pair had no row: its slot is garbage
+            acc += tl.load(per_pair_ptr + pair * hidden + cols, mask=col_ok, other=0.0)
+    tl.store(out_ptr + token * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
 def fused_moe(
     hidden: torch.Tensor,
     w13: torch.Tensor,
@@ -127,11 +145,17 @@ def fused_moe(
         sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
     )
-    # Zeroed: pairs with an out-of-range id have no row, so no program writes theirs.
-    per_pair = torch.zeros((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
+    # Pairs with an out-of-range id have no row and no program writes theirs: the sum skips them.
+    per_pair = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
     _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
         act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
         sorted_pairs, block_expert, num_pairs, hidden_size, inter,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
     )
-    return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)
+    out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+    block_h = min(1024, triton.next_power_of_2(hidden_size))
+    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden_size, block_h))](
+        per_pair, ids, out, top_k, num_experts, hidden_size, BLOCK_H=block_h, num_warps=4,
+    )
+    return out
