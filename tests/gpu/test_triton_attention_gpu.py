@@ -1,6 +1,7 @@
 """The Triton paged attention backend against the native one on the GPU: dtypes, head dims
-64/128, GQA ratios 1/4/8, block sizes 16/32, contexts up to 32k, batches up to 256; and
-the prefill kernel alone on real shapes, with 1-token rows among long ones."""
+64/128, GQA ratios 1/4/8, block sizes 16/32, contexts up to 32k, batches up to 256; the
+prefill kernel alone on real shapes, with 1-token rows among long ones; and the decode
+kernel replayed from a CUDA graph and run repeatedly (bitwise equal)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from atom_core.ops.triton import decode_attention  # noqa: E402
+from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention  # noqa: E402
 from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
-from tests.ops.test_triton_attention import prefill_case  # noqa: E402
+from tests.ops.test_triton_attention import decode_inputs, decode_reference, prefill_case  # noqa: E402
 
 
 def run_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0):
@@ -91,3 +94,53 @@ def test_prefill_kernel_one_token_rows_among_long(dtype, block_size):
 @pytest.mark.parametrize("query_len,ctx", [(16384, 16384), (2048, 32768), (511, 32000)])
 def test_prefill_long_context(query_len, ctx):
     run_case([query_len, 100], [ctx, 300], 32, 8, 128, 16, torch.bfloat16)
+
+
+def test_decode_cuda_graph_replays_with_changing_lengths():
+    # One capture at batch 2 (32 splits on an H200), replayed over new lengths - padding
+    # rows and contexts shorter than the split count among them - and new queries: the
+    # split counters must come back to zero after every replay, with no memset node.
+    heads, kv_heads, head_dim, block_size, max_ctx = 32, 8, 128, 16, 4000
+    q, cache, meta = decode_inputs([max_ctx, max_ctx], heads, kv_heads, head_dim, block_size,
+                                   torch.bfloat16, device="cuda")
+    splits = num_kv_splits(2, kv_heads, torch.cuda.get_device_properties(0).multi_processor_count)
+    out = torch.empty_like(q)
+    scale = head_dim**-0.5
+
+    def step():
+        paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+                               scale, splits)
+
+    step()  # warm-up outside the capture: compiles, and allocates the counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    rng = random.Random(0)
+    for i in range(50):
+        lens = [rng.choice([0, 1, 7, rng.randint(1, max_ctx)]) for _ in range(2)]
+        meta.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        ref = decode_reference(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+        live = meta.seq_lens > 0
+        if live.any():
+            err = rel_err(out[live], ref[live])
+            assert err < tolerance(torch.bfloat16), (i, lens, err)
+        assert (out[~live] == 0).all(), (i, lens)
+    for counters in decode_attention._COUNTERS.values():
+        assert not counters.any()
+
+
+@pytest.mark.parametrize("batch,num_splits", [(1, 32), (3, 16)])
+def test_decode_bitwise_repeatable(batch, num_splits):
+    # Whichever split arrives last merges all of them in index order: the output must not
+    # depend on the arrival order, which differs from run to run on a GPU.
+    q, cache, meta = decode_inputs(contexts(batch, 8000, 5), 32, 8, 128, 16, torch.bfloat16, device="cuda")
+    outs = []
+    for _ in range(20):
+        out = torch.empty_like(q)
+        paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+                               128**-0.5, num_splits)
+        outs.append(out)
+    assert all(torch.equal(o, outs[0]) for o in outs)

@@ -1,6 +1,8 @@
 """The Triton attention backend vs the native one on paged batches: decode (split and
-unsplit, GQA), prefill, extend over a cached prefix, and mixed batches; and the prefill
-kernel alone over every page-gather path and tile edge. CPU through TRITON_INTERPRET=1
+unsplit, GQA), prefill, extend over a cached prefix, and mixed batches; the decode kernel
+alone over split counts, short and empty contexts, repeated calls (its split counters
+must reset themselves) and bitwise repeatability; and the prefill kernel alone over every
+page-gather path and tile edge. CPU through TRITON_INTERPRET=1
 on small shapes; skipped where triton is not installed."""
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 pytest.importorskip("triton")
 
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from atom_core.ops.triton import decode_attention  # noqa: E402
 from atom_core.ops.triton.decode_attention import paged_decode_attention  # noqa: E402
 from atom_core.ops.triton.prefill_attention import paged_prefill_attention  # noqa: E402
 from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
@@ -55,6 +58,77 @@ def test_decode_seq_len_zero_row_is_finite():
     paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                            out, 0.25, num_splits=4)
     assert torch.isfinite(out).all()
+
+
+def decode_reference(q, cache, block_tables, seq_lens, query_start_loc, scale):
+    """fp64 softmax attention of each sequence's query row over its first seq_lens pages'
+    tokens, read straight from the paged cache; rows of empty sequences are zero."""
+    kv_heads, bs = cache.shape[3], cache.shape[2]
+    flat = cache.double().flatten(1, 2)  # [2, slots, kv_heads, D]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for i, n in enumerate(seq_lens.tolist()):
+        if n == 0:
+            continue
+        pos = torch.arange(n, device=q.device)
+        slots = block_tables[i, pos // bs].long() * bs + pos % bs
+        k, v = (flat[j, slots].repeat_interleave(q.shape[1] // kv_heads, dim=1) for j in (0, 1))
+        row = int(query_start_loc[i])
+        p = torch.einsum("hd,nhd->hn", q[row].double(), k).mul(scale).softmax(-1)
+        out[row] = torch.einsum("hn,nhd->hd", p, v)
+    return out
+
+
+def decode_inputs(context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0, device=DEVICE):
+    """(q, cache filled everywhere, metadata) for one decode row per sequence."""
+    meta, cache = paged_batch([1] * len(context_lens), [max(n, 1) for n in context_lens], block_size,
+                              kv_heads, head_dim, dtype, device, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    cache = torch.randn(cache.shape, generator=g).to(dtype).to(device)
+    meta.seq_lens.copy_(torch.tensor(context_lens, dtype=torch.int32))  # 0: a graph's padding row
+    q = torch.randn(len(context_lens), heads, head_dim, generator=g).to(dtype).to(device)
+    return q, cache, meta
+
+
+def check_decode(q, cache, meta, num_splits, seq_idx=None):
+    out = torch.full_like(q, float("nan"))
+    scale = q.shape[2] ** -0.5
+    paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
+                           scale, num_splits, seq_idx=seq_idx)
+    ref = decode_reference(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+    rows = torch.arange(q.shape[0], device=q.device) if seq_idx is None else seq_idx.long()
+    err = rel_err(out[rows], ref[rows])
+    assert err < tolerance(q.dtype), err
+    empty = rows[meta.seq_lens[rows] == 0]
+    assert (out[empty] == 0).all(), "an empty sequence's row is not zero"
+    for counters in decode_attention._COUNTERS.values():
+        assert not counters.any(), "a split counter was left non-zero"
+    return out
+
+
+# Contexts of 0 (padding), shorter than one 32-token tile, shorter than the split count,
+# and across tile and block edges; split counts of one, odd, and more than the tiles.
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 4, 8, 32])
+def test_decode_kernel_split_counts_and_short_contexts(num_splits):
+    q, cache, meta = decode_inputs([0, 1, 5, 31, 33, 100, 0, 2], 4, 2, 16, 4, torch.float32)
+    check_decode(q, cache, meta, num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [4, 8])
+def test_decode_kernel_back_to_back_calls(num_splits):
+    # The last split of each (sequence, kv head) zeroes its counter; a second call with
+    # other data and other lengths (a subset through seq_idx, as in a mixed batch) must
+    # count from zero again.
+    q, cache, meta = decode_inputs([70, 9, 130], 8, 2, 32, 16, torch.float16, seed=1)
+    check_decode(q, cache, meta, num_splits)
+    q2, cache2, meta2 = decode_inputs([3, 0, 200, 64], 8, 2, 32, 16, torch.float16, seed=2)
+    check_decode(q2, cache2, meta2, num_splits, seq_idx=torch.tensor([2, 1, 0], dtype=torch.int32, device=DEVICE))
+    check_decode(q, cache, meta, num_splits)
+
+
+def test_decode_kernel_bitwise_repeatable():
+    q, cache, meta = decode_inputs([90, 1, 0], 4, 1, 16, 8, torch.float32, seed=3)
+    first = check_decode(q, cache, meta, 8)
+    assert torch.equal(check_decode(q, cache, meta, 8), first)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

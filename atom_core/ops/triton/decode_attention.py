@@ -4,8 +4,9 @@ A program owns (sequence, kv head, split): the query heads sharing that kv head 
 rows of one tile (padded to 16 for tl.dot), so each K/V tile is read once per group, not
 once per query head. Splits divide each sequence's context at run time (from the seq_lens
 tensor), so a fixed grid - what a CUDA graph needs - fills the GPU at batch 1 and short
-contexts leave the surplus splits empty. Partial results carry their log-sum-exp in fp32
-and a second kernel merges them.
+contexts leave the surplus splits empty. Partial results carry their log-sum-exp in fp32,
+and the last split of a (sequence, kv head) to finish merges them in the same launch: a
+second merge kernel cost ~2 us a layer (launch plus gap) in batch-1 decode graphs.
 
 Everything the kernels read about the batch is in tensors; nothing depends on host values
 but the grid, which depends only on tensor shapes.
@@ -17,7 +18,52 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+# Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
+# leaves every counter it used back at 0 (the merging program resets it), so a buffer is
+# zeroed once at allocation and never again - a memset would be one more graph node. One
+# buffer serves every layer: layers run one after another on one stream, so no two
+# launches count in it at once. Buffers are never freed, because a captured CUDA graph
+# keeps the address it was captured with and replays against it.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    capacity = max(64, triton.next_power_of_2(needed))  # few distinct buffers
+    buf = _COUNTERS.get((device, capacity))
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A zeros() here would be captured, not run: the buffer would start as garbage.
+            raise RuntimeError("decode attention counters must be allocated by a warm-up run outside graph capture")
+        buf = _COUNTERS[(device, capacity)] = torch.zeros(capacity, dtype=torch.int32, device=device)
+    return buf
+
+
+@triton.jit
+def _merge_splits(
+    po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Weights every written split by its share of the total softmax mass, in split order.
+
+    A fixed order makes the result independent of which program arrives last. Loads go
+    through L2 (.cg): the partials were written by other SMs.
+    """
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    lse = tl.load(plse_ptr + part0[:, None] + offs_s[None, :],
+                  mask=hmask[:, None] & (offs_s < n_active)[None, :], other=float("-inf"),
+                  cache_modifier=".cg")
+    m = tl.max(lse, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
+    total = tl.sum(tl.exp2(lse - m[:, None]), axis=1)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for i in range(0, n_active):
+        lse_i = tl.load(plse_ptr + part0 + i, mask=hmask, other=float("-inf"), cache_modifier=".cg")
+        o_i = tl.load(po_ptr + (part0 + i)[:, None] * BLOCK_D + offs_d[None, :], mask=omask, other=0.0,
+                      cache_modifier=".cg")
+        acc += o_i * tl.exp2(lse_i - m)[:, None]
+    res = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptrs, res.to(out_ptrs.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -26,11 +72,11 @@ def _decode_kernel(
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
-    po_ptr, plse_ptr,
+    po_ptr, plse_ptr, count_ptr,
     sm_scale, block_size, head_dim,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SEQ_IDX: tl.constexpr,
-    PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -78,40 +124,28 @@ def _decode_kernel(
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
     omask = hmask[:, None] & dmask[None, :]
+    out_ptrs = out_ptr + row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=omask)
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=omask)
     else:
         num_heads = tl.num_programs(1) * GROUP
-        part = (b.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
-        tl.store(po_ptr + part[:, None] * BLOCK_D + offs_d[None, :], o, mask=omask)
-        lse = tl.where(l_sum > 0, m + tl.log2(safe_l), float("-inf"))  # base 2
-        tl.store(plse_ptr + part, lse, mask=hmask)
-
-
-@triton.jit
-def _merge_kernel(
-    po_ptr, plse_ptr, qsl_ptr, seq_idx_ptr, out_ptr, out_stride_t, out_stride_h, head_dim,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_IDX: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.load(seq_idx_ptr + b) if HAS_SEQ_IDX else b
-    row = tl.load(qsl_ptr + s).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    base = (b.to(tl.int64) * tl.num_programs(1) + h) * NUM_SPLITS
-    lse = tl.load(plse_ptr + base + offs_s, mask=offs_s < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
-    w = tl.exp2(lse - m)
-    o = tl.load(po_ptr + (base + offs_s)[:, None] * BLOCK_D + offs_d[None, :],
-                mask=(offs_s < NUM_SPLITS)[:, None], other=0.0)
-    total = tl.sum(w, axis=0)
-    res = tl.sum(o * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + row * out_stride_t + h * out_stride_h + offs_d, res.to(out_ptr.dtype.element_ty),
-             mask=offs_d < head_dim)
+        part0 = (b.to(tl.int64) * num_heads + heads) * NUM_SPLITS  # [BLOCK_H]: split 0's slot
+        # Splits that ran are 0..n_active-1; only they write partials (padding rows: none).
+        n_active = tl.cdiv(seq_len, tl.maximum(split_len, 1))
+        if split < n_active:
+            tl.store(po_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], o, mask=omask)
+            lse = tl.where(l_sum > 0, m + tl.log2(safe_l), float("-inf"))  # base 2
+            tl.store(plse_ptr + part0 + split, lse, mask=hmask)
+        # Every split counts, empty ones too, so the target is the constant NUM_SPLITS and a
+        # padding row is still merged (to zeros). The barrier orders all threads' partial
+        # stores before the atomic (one thread's release); acq_rel at gpu scope publishes
+        # them to, and makes them visible in, whichever program arrives last. (TRITON_INTERPRET
+        # runs programs one at a time, so CPU tests check the counting, not this ordering.)
+        tl.debug_barrier()
+        counter = count_ptr + b * tl.num_programs(1) + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+            _merge_splits(po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask, BLOCK_H, BLOCK_S, BLOCK_D)
+            tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
 def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int) -> int:
@@ -151,22 +185,18 @@ def paged_decode_attention(
     if num_splits > 1:
         po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
         plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        counters = _counters(q.device, num_seqs * num_kv_heads)
     else:
-        po = plse = out  # unused
+        po = plse = counters = out  # unused: one split writes the output directly
     idx = seq_idx if seq_idx is not None else seq_lens
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, q.stride(0), q.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
-        out, out.stride(0), out.stride(1), po, plse,
+        out, out.stride(0), out.stride(1), po, plse, counters,
         scale, block_size, head_dim,
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=32 if q.dtype == torch.float32 else 64, BLOCK_D=block_d,
-        HAS_SEQ_IDX=seq_idx is not None, PRECISION=precision, num_warps=4, num_stages=2,
+        BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
+        PRECISION=precision, num_warps=4, num_stages=2,
     )
-    if num_splits > 1:
-        _merge_kernel[(num_seqs, num_heads)](
-            po, plse, query_start_loc, idx, out, out.stride(0), out.stride(1), head_dim,
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-            HAS_SEQ_IDX=seq_idx is not None,
-        )
