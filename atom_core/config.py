@@ -58,6 +58,11 @@ class SchedulerConfig:
         0.0, ("--scheduler-delay-factor",),
         "wait this fraction of the last step's latency before admitting a new prompt, to batch arrivals",
     )
+    async_scheduling: bool = opt(
+        False, ("--async-scheduling",),
+        "GPU decode: schedule and queue step k+1 before reading step k's tokens, so the host's "
+        "work overlaps the GPU's (a stop is seen one step late; that step's token is dropped)",
+    )
 
 
 @dataclass

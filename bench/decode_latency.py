@@ -100,6 +100,7 @@ def bench_atom(name: str, results: dict) -> None:
         str(config_path(name)), load_dummy="empty", dtype="bfloat16", device="cuda",
         enable_log_stats=False, max_model_len=max_len, max_num_seqs=max(sizes),
         cudagraph_capture_sizes=sizes, enforce_eager=ARGS.enforce_eager,
+        async_scheduling=ARGS.async_scheduling,
     )
     randomize(engine.runner.model)
     model = engine.runner.model
@@ -246,6 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expert-steps", type=int, default=8,
                    help="eager decode steps over which MoE experts touched are counted")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--async-scheduling", action="store_true", help="run steady decode one step ahead")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-batch-sizes", nargs="+", type=int, default=None,

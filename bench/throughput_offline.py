@@ -144,6 +144,7 @@ def bench_atom(results: dict) -> None:
         str(config_path(ARGS.model)), load_dummy="empty", dtype="bfloat16", device="cuda",
         enable_log_stats=False, max_model_len=ARGS.input_len + ARGS.output_len + 16,
         max_num_seqs=ARGS.max_num_seqs, max_num_batched_tokens=ARGS.max_num_batched_tokens,
+        async_scheduling=ARGS.async_scheduling,
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
@@ -239,6 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--async-scheduling", action="store_true", help="run steady decode one step ahead")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-batches", type=int, default=2, help="0 skips transformers")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")

@@ -35,6 +35,10 @@ class DecodeInputs:
         self.dev_tables = torch.zeros((max_seqs, max_blocks), dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)
         self._rows: list[list[int] | None] = [None] * max_seqs  # table each host row holds
+        # Recorded after each step's copies. With --async-scheduling the host fills step k+1's
+        # rows while step k may still be queued behind k-1, so it checks that k's copies out
+        # of these pinned buffers have run before overwriting them (in practice, long ago).
+        self._copied = torch.cuda.Event() if pin else None
         self.pad_rows(0, max_seqs)
         self.dev.copy_(self.host)
 
@@ -49,6 +53,8 @@ class DecodeInputs:
     def prepare(self, seqs: list[Sequence], padded: int) -> list[int]:
         """Fill rows for ``seqs`` (each computing its one newest token) and pad up to
         ``padded`` rows; start the copies. Returns the context lengths (host)."""
+        if self._copied is not None:
+            self._copied.synchronize()
         bs = self.block_size
         ids, positions, slots, lens = [], [], [], []
         tables, h_tables = self._rows, self._host_tables
@@ -71,6 +77,8 @@ class DecodeInputs:
         self.pad_rows(n, padded)
         self.dev.copy_(self.host, non_blocking=True)
         self.dev_tables[:padded].copy_(self.host_tables[:padded], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         return lens
 
     def input_ids(self, n: int) -> torch.Tensor:

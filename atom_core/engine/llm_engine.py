@@ -14,9 +14,9 @@ import torch
 from atom_core.config import Config
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.detokenizer import IncrementalDetokenizer
-from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.model_runner import ModelRunner, PendingDecode, StepOutput
 from atom_core.engine.profiler import TorchProfiler, profiler_dir
-from atom_core.engine.scheduler import Scheduler
+from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, Sequence
 from atom_core.engine.stats import StatsLogger
 from atom_core.errors import ConfigError, InvalidRequestError
@@ -122,6 +122,7 @@ class LLMEngine:
         self._next_id = 0
         self.num_preemptions = 0
         self.last_step_tokens = (0, 0)  # (prompt, generated) tokens of the latest step
+        self._pending: PendingDecode | None = None  # a decode step queued and not read yet
         logger.info(
             "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
             "max_model_len=%d prefix_caching=%s attention=%s",
@@ -249,17 +250,88 @@ class LLMEngine:
     # --- the loop -----------------------------------------------------------------------
 
     def step(self) -> list[Sequence]:
-        """Run one scheduled batch; returns the sequences that finished in it."""
+        """Run one scheduled batch; returns the sequences that finished in it.
+
+        With ``--async-scheduling`` a steady decode batch runs one step ahead: a call queues
+        step k+1 on the device (its input ids are step k's sampled ids, never read by the
+        host) and then reads and processes step k's tokens, so the host's bookkeeping
+        overlaps the GPU's work and the sequences it returns finished in step k. The
+        pipeline drains (the queued step is read first) whenever the batch would change.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if self._may_run_ahead(pending.seqs):
+                batch = self.scheduler.schedule()
+                queued = self.runner.launch_decode(batch, ids_from=pending)
+                finished = self._process(pending.seqs, self.runner.collect_decode(pending), resolve=True)
+                self._queue(batch, queued)
+                return finished
+            finished = self._process(pending.seqs, self.runner.collect_decode(pending), resolve=True)
+            return finished + self._step_now()
+        return self._step_now()
+
+    def _step_now(self) -> list[Sequence]:
         batch = self.scheduler.schedule()
         self.num_preemptions += batch.num_preempted
         if not batch.seqs:
             return []
+        if self._may_start_ahead(batch):
+            self._queue(batch, self.runner.launch_decode(batch))
+            self.last_step_tokens = (0, 0)  # this step's tokens are counted when read
+            return []
         out = self.runner.execute(batch)
         self.scheduler.advance(batch)
+        return self._process(batch.seqs, out)
+
+    def _queue(self, batch: ScheduledBatch, launched: PendingDecode) -> None:
+        """``launched`` computes ``batch`` and is read next step: its tokens are placeholders."""
+        for seq in batch.seqs:
+            if not seq.is_finished:
+                seq.append_placeholder()
+        self.scheduler.advance(batch)
+        self._pending = launched
+
+    def _may_start_ahead(self, batch: ScheduledBatch) -> bool:
+        """A plain decode of every running sequence, with nothing waiting: its tokens may be
+        read one step late."""
+        return (
+            self.config.scheduler_config.async_scheduling
+            and self.runner.decode_inputs is not None
+            and self.runner.is_plain_decode(batch)
+            and batch.seqs == self.scheduler.running
+            and not self.scheduler.num_waiting
+            and all(self._host_free_sampling(s.sampling_params) for s in batch.seqs)
+        )
+
+    def _may_run_ahead(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step may be queued before the queued one (``seqs``, each ending in
+        a placeholder) is read: the same sequences would be scheduled, one token each, and
+        none is certain to stop at its placeholder (a stop token or string still may: that
+        sequence's extra token is dropped)."""
+        if seqs != self.scheduler.running or not self.scheduler.decodes_unchanged():
+            return False
+        return all(
+            s.num_output_tokens < s.sampling_params.max_tokens and s.num_tokens < self.max_model_len
+            for s in seqs
+        )
+
+    @staticmethod
+    def _host_free_sampling(sp: SamplingParams) -> bool:
+        """Sampling that needs no host-side token history or per-step host reads."""
+        return (
+            sp.logprobs is None
+            and sp.repetition_penalty == 1.0
+            and sp.presence_penalty == 0.0
+            and sp.frequency_penalty == 0.0
+        )
+
+    def _process(self, seqs: list[Sequence], out: StepOutput, resolve: bool = False) -> list[Sequence]:
+        """Append (or, for a step read late, resolve) each sequence's sampled token; stop
+        checks, stats and callbacks. Returns the sequences that finished."""
         finished: list[Sequence] = []
         num_prompt = num_gen = 0
-        for seq in batch.seqs:
-            if seq.is_finished:  # aborted while the step ran
+        for seq in seqs:
+            if seq.is_finished:  # aborted while the step ran, or stopped a step earlier
                 continue
             req = self._requests.get(seq.request_id)
             if seq.seq_id in out.prompt_logprobs:
@@ -268,7 +340,10 @@ class LLMEngine:
             if token is None:
                 continue
             num_gen += 1
-            seq.append_token(token)
+            if resolve:
+                seq.resolve_placeholder(token)
+            else:
+                seq.append_token(token)
             if seq.num_output_tokens == 1:
                 # As vLLM counts them: a request's prompt, once, when its first token arrives
                 # (cached prefix included, recomputation after preemption not).

@@ -26,6 +26,17 @@ GIB = 1 << 30
 
 
 @dataclass
+class PendingDecode:
+    """A decode step queued on the device whose sampled ids the host has not read yet."""
+
+    seqs: list[Sequence]
+    sampled: torch.Tensor  # [n] device ids: the next step's input ids, without a host trip
+    host: torch.Tensor  # [n] pinned buffer the ids are being copied into
+    ready: torch.cuda.Event | None  # recorded after that copy (None on CPU: copies are sync)
+    logprobs: list[Logprob | None]
+
+
+@dataclass
 class StepOutput:
     """What one forward produced, per sequence of the batch that sampled."""
 
@@ -65,8 +76,10 @@ class ModelRunner:
             sched.max_num_seqs, -(-max_len // self.block_size), self.block_size, self.device
         )
         pin = self.device.type == "cuda"
-        self._sampled_host = torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin)
-        self._sampled_ready = torch.cuda.Event() if pin else None
+        # Two of each: with --async-scheduling step k+1 is queued before step k's ids are read.
+        self._sampled_host = [torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._sampled_ready = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self._launches = 0
         comp = self.config.compilation_config
         obs = self.config.observability_config
         if obs.mark_trace and (self.device.type != "cuda" or comp.enforce_eager):
@@ -179,9 +192,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
         seqs, counts = batch.seqs, batch.num_scheduled_tokens
-        if self.decode_inputs is not None and self._is_plain_decode(batch):
-            with annotate(batch):
-                return self._execute_decode(seqs)
+        if self.decode_inputs is not None and self.is_plain_decode(batch):
+            return self.collect_decode(self.launch_decode(batch))
         starts = [s.num_computed_tokens for s in seqs]
         ids: list[int] = []
         positions: list[int] = []
@@ -219,7 +231,7 @@ class ModelRunner:
         return out
 
     @staticmethod
-    def _is_plain_decode(batch: ScheduledBatch) -> bool:
+    def is_plain_decode(batch: ScheduledBatch) -> bool:
         """Every sequence computes its one newest token and samples; none owes prompt logprobs."""
         for s, n in zip(batch.seqs, batch.num_scheduled_tokens):
             if n != 1 or s.num_computed_tokens + 1 != s.num_tokens:
@@ -228,15 +240,24 @@ class ModelRunner:
                 return False
         return True
 
-    def _execute_decode(self, seqs: list[Sequence]) -> StepOutput:
-        """One decode step: inputs into the static buffers, a graph replay (or the same
-        forward eagerly), the sampler, and a single asynchronous copy of the sampled ids
-        that the host waits for last. docs/host_timeline.md walks through it."""
+    @torch.inference_mode()
+    def launch_decode(self, batch: ScheduledBatch, ids_from: PendingDecode | None = None) -> PendingDecode:
+        """Queue one decode step: inputs into the static buffers, a graph replay (or the same
+        forward eagerly), the sampler, and an asynchronous copy of the sampled ids; nothing
+        waits. With ``ids_from`` (the previous step, same sequences in the same order, not
+        collected yet) the input ids are that step's sampled ids, copied on the device: the
+        host's ``token_ids`` then end in a placeholder. docs/host_timeline.md walks through it."""
+        with annotate(batch):
+            return self._launch_decode(batch.seqs, ids_from)
+
+    def _launch_decode(self, seqs: list[Sequence], ids_from: PendingDecode | None) -> PendingDecode:
         inputs = self.decode_inputs
         assert inputs is not None
         n = len(seqs)
         padded = self.graphs.padded_size(n) if self.graphs is not None else None
         lens = inputs.prepare(seqs, padded or n)
+        if ids_from is not None:
+            inputs.input_ids(n).copy_(ids_from.sampled)
         # Built before the forward is queued, so its small host->device copies do not
         # wait for the GPU; reused while the batch is unchanged.
         sbatch = self._decode_sampling_batch(seqs)
@@ -248,17 +269,25 @@ class ModelRunner:
                 hidden = self.model(inputs.input_ids(n), inputs.positions(n))
                 logits = self.model.compute_logits(hidden)
         result = self.sampler(logits.float(), sbatch)
-        host = self._sampled_host[:n]
+        slot = self._launches % 2
+        self._launches += 1
+        host = self._sampled_host[slot][:n]
         host.copy_(result.token_ids, non_blocking=host.is_pinned())
-        if self._sampled_ready is not None:
-            self._sampled_ready.record()
-            self._sampled_ready.synchronize()
-        tokens = host.tolist()
+        ready = self._sampled_ready[slot]
+        if ready is not None:
+            ready.record()
+        return PendingDecode(list(seqs), result.token_ids, host, ready, result.logprobs)
+
+    def collect_decode(self, pending: PendingDecode) -> StepOutput:
+        """Wait for a launched step's sampled ids (the step's one host wait) and return them."""
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        tokens = pending.host.tolist()
         out = StepOutput({}, {}, {})
-        for j, s in enumerate(seqs):
+        for j, s in enumerate(pending.seqs):
             out.sampled[s.seq_id] = tokens[j]
-            if result.logprobs[j] is not None:
-                out.logprobs[s.seq_id] = result.logprobs[j]
+            if pending.logprobs[j] is not None:
+                out.logprobs[s.seq_id] = pending.logprobs[j]
         return out
 
     def _decode_sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:

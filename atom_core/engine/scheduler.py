@@ -167,6 +167,20 @@ class Scheduler:
                 budget -= n
         return batch
 
+    def decodes_unchanged(self) -> bool:
+        """Whether ``schedule()`` would now give every running sequence (in order) exactly one
+        token and change nothing else: nothing waits, and the token budget and the free
+        blocks cover them all (so no preemption)."""
+        if self.waiting or not self.running or len(self.running) > self.max_num_batched_tokens:
+            return False
+        bs = self.block_manager.block_size
+        needed = 0
+        for seq in self.running:
+            if seq.num_uncomputed_tokens != 1:
+                return False
+            needed += max(0, -(-(seq.num_computed_tokens + 1) // bs) - len(seq.block_table))
+        return needed <= self.block_manager.num_free_blocks
+
     def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Allocate for running seq, preempting the most recent running sequences until it
         fits. Victims come from the tail, which is never already scheduled this step.

@@ -27,6 +27,7 @@ class Logprob:
 
 
 _ids = itertools.count()
+PLACEHOLDER_TOKEN = -1  # never a vocabulary id: prompts are validated to [0, vocab)
 
 
 class Sequence:
@@ -87,6 +88,16 @@ class Sequence:
         self.token_ids.append(token_id)
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
+
+    def append_placeholder(self) -> None:
+        """Stand in for a token a queued step is still sampling (--async-scheduling): lengths,
+        positions and slots are right; the value is read only once ``resolve_placeholder``
+        has replaced it (the device feeds the real id to the next step itself)."""
+        self.token_ids.append(PLACEHOLDER_TOKEN)
+
+    def resolve_placeholder(self, token_id: int) -> None:
+        assert self.token_ids[-1] == PLACEHOLDER_TOKEN, "no placeholder to resolve"
+        self.token_ids[-1] = token_id
 
     def block_tokens(self, i: int, block_size: int) -> list[int]:
         return self.token_ids[i * block_size : (i + 1) * block_size]

@@ -46,8 +46,8 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere):
     engine.runner.fast_decode = True
     engine.runner._setup_fast_decode()
     calls = []
-    fast = engine.runner._execute_decode
-    engine.runner._execute_decode = lambda seqs: calls.append(len(seqs)) or fast(seqs)
+    fast = engine.runner.launch_decode
+    engine.runner.launch_decode = lambda batch, **kw: calls.append(len(batch.seqs)) or fast(batch, **kw)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = engine.generate(prompts, params)
     assert [o["token_ids"] for o in outs] == hf_greedy(hf_model(path), prompts, NEW_TOKENS)

@@ -1,0 +1,156 @@
+"""--async-scheduling: a steady decode batch runs one step ahead (step k+1 queued before
+step k's tokens are read). On CPU the GPU decode path is switched on by hand, so the same
+launch/collect code runs; every output must equal the synchronous engine's, token for token,
+whatever stops the requests (length, stop tokens, stop strings, aborts, new arrivals)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from atom_core.engine.llm_engine import LLMEngine
+from atom_core.sampling_params import SamplingParams
+from tests.engine_reference import hf_greedy, hf_model
+from tests.tiny_models import tiny_model_dir
+
+
+def engine(async_scheduling: bool, **kw) -> LLMEngine:
+    eng = LLMEngine(
+        str(tiny_model_dir("qwen3")), enable_log_stats=False, device="cpu", block_size=4,
+        async_scheduling=async_scheduling, **kw,
+    )
+    eng.runner.fast_decode = True
+    eng.runner._setup_fast_decode()
+    return eng
+
+
+def count_run_ahead(eng: LLMEngine) -> list[int]:
+    """Records 1 for each step queued from the previous step's device ids, else 0."""
+    calls: list[int] = []
+    launch = eng.runner.launch_decode
+
+    def spy(batch, ids_from=None):
+        calls.append(int(ids_from is not None))
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch_decode = spy
+    return calls
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randrange(3, 30))] for _ in range(n)]
+
+
+def all_blocks_free(eng: LLMEngine) -> bool:
+    return eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_greedy_equals_sync_and_transformers_with_staggered_lengths():
+    ps = prompts(4)
+    lengths = [3, 17, 9, 24]  # requests leave the batch at different steps: drain, restart
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    sync = engine(False).generate(ps, params)
+    eng = engine(True)
+    ahead = count_run_ahead(eng)
+    outs = eng.generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+    assert [o["finish_reason"] for o in outs] == ["length"] * 4
+    assert [len(o["token_ids"]) for o in outs] == lengths
+    hf = hf_greedy(hf_model(tiny_model_dir("qwen3")), ps, max(lengths))
+    assert [o["token_ids"] for o in outs] == [h[:n] for h, n in zip(hf, lengths)]
+    assert sum(ahead) >= 15  # most decode steps really ran ahead
+    assert all_blocks_free(eng)
+
+
+def test_stop_token_seen_one_step_late_drops_the_extra_token():
+    ps = prompts(3, seed=1)
+    base = engine(False).generate(ps, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    # Stop each request on its own 8th output token: unknown until that step is read.
+    stops = [o["token_ids"][7] for o in base]
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[t]) for t in stops]
+    sync = engine(False).generate(ps, params)
+    eng = engine(True)
+    ahead = count_run_ahead(eng)
+    outs = eng.generate(ps, params)
+    for o, s in zip(outs, sync):
+        assert o["token_ids"] == s["token_ids"] and o["finish_reason"] == s["finish_reason"] == "stop"
+        assert o["stop_reason"] == s["stop_reason"]
+    assert sum(ahead) > 0
+    assert all_blocks_free(eng)
+
+
+def test_stop_strings_and_text_equal_sync():
+    ps = ["Hello there", "The quick brown fox", "Numbers: 1 2 3"]
+    base = engine(False).generate(ps, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    stop = [o["text"][6:9] for o in base]  # a string the greedy text reaches mid-way
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_strings=[s]) for s in stop
+    ]
+    sync = engine(False).generate(ps, params)
+    outs = engine(True).generate(ps, params)
+    assert [o["text"] for o in outs] == [o["text"] for o in sync]
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+    assert [o["stop_reason"] for o in outs] == stop
+
+
+def test_seeded_sampling_equals_sync():
+    ps = prompts(3, seed=2)
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, max_tokens=16, ignore_eos=True) for i in range(3)]
+    sync = engine(False).generate(ps, params)
+    outs = engine(True).generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+
+
+def test_host_side_sampling_never_runs_ahead():
+    # Penalties read the token history and logprobs are read per step: no run-ahead.
+    ps = prompts(2, seed=3)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=2),
+    ]
+    sync = engine(False).generate(ps, params)
+    eng = engine(True)
+    ahead = count_run_ahead(eng)
+    outs = eng.generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+    assert sum(ahead) == 0 and len(ahead) > 0
+
+
+def test_abort_and_arrival_mid_pipeline():
+    ps = prompts(4, seed=4)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    eng = engine(True)
+    ahead = count_run_ahead(eng)
+    got: dict[str, list[int]] = {}
+
+    def collect(out):
+        got.setdefault(out.request_id, []).extend(out.token_ids)
+
+    rids = eng.add_request(ps[:3], params, stream_callback=collect)
+    for _ in range(8):
+        eng.step()
+    assert sum(ahead) > 0  # the pipeline is running when the batch changes
+    assert eng.abort_request(rids[1])
+    late = eng.add_request([ps[3]], params, stream_callback=collect)
+    while not eng.is_finished():
+        eng.step()
+    hf = hf_greedy(hf_model(tiny_model_dir("qwen3")), ps, 20)
+    assert got[rids[0]] == hf[0] and got[rids[2]] == hf[2] and got[late[0]] == hf[3]
+    assert got[rids[1]] == hf[1][: len(got[rids[1]])]  # a prefix, then nothing more
+    assert all_blocks_free(eng)
+
+
+@pytest.mark.parametrize("max_model_len", [40])
+def test_max_model_len_and_preemption_pressure_equal_sync(max_model_len):
+    # A small KV pool: the pipeline must drain rather than preempt with placeholders queued.
+    ps = prompts(4, seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    kw = dict(num_gpu_blocks_override=24, max_model_len=max_model_len)
+    sync = engine(False, **kw).generate(ps, params)
+    eng = engine(True, **kw)
+    outs = eng.generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+    assert [o["finish_reason"] for o in outs] == [o["finish_reason"] for o in sync]
+    assert all_blocks_free(eng)
