@@ -25,12 +25,7 @@ import asyncio
 import json
 import os
 import platform
-import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from atom_core.entrypoints.server_process import ServerProcess
 
 PROMPT = (
     "Write a detailed explanation of how a hash map works, covering hashing, collisions, "
@@ -48,71 +45,12 @@ PROMPT = (
 # ----------------------------------------------------------------------------- server
 
 
-def free_port(span: int = 1) -> int:
-    """A port p with p .. p + span - 1 all free on 127.0.0.1."""
-    for _ in range(200):
-        p = random.randint(20000, 60000)
-        socks = []
-        try:
-            for q in range(p, p + span):
-                s = socket.socket()
-                s.bind(("127.0.0.1", q))
-                socks.append(s)
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port")
-
-
-class Server:
-    """``atom serve`` in its own process group; ``stop()`` ends the group (frontend + engine)."""
-
-    def __init__(self, model: str | None, max_model_len: int) -> None:
-        self.port = free_port()
-        args = [sys.executable, "-m", "atom_core.entrypoints.openai_server", "--host", "127.0.0.1",
-                "--server-port", str(self.port), "--port", str(free_port(2)),
-                "--max-model-len", str(max_model_len), "--disable-uvicorn-access-log",
-                "--no-enable-log-stats",
-                # Connections idle while the in-process engine takes its turn; the default
-                # keep-alive would close them under the client (ServerDisconnectedError).
-                "--timeout-keep-alive", "3600"]
-        if model is not None:
-            args += ["--model", model]
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="atom-serving-overhead-", suffix=".log")  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    async def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
-                try:
-                    async with session.get(f"{self.url}/health") as r:
-                        if r.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.3)
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.tail()}")
-
-    def tail(self) -> str:
-        self.log.flush()
-        return Path(self.log.name).read_text()[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+def start_server(model: str | None, max_model_len: int, log: Path) -> ServerProcess:
+    extra = ["--max-model-len", str(max_model_len), "--no-enable-log-stats",
+             # Connections idle while the in-process engine takes its turn; the default
+             # keep-alive would close them under the client (ServerDisconnectedError).
+             "--timeout-keep-alive", "3600"]
+    return ServerProcess(model, *extra, log=log)
 
 
 # ----------------------------------------------------------------------------- client
@@ -267,14 +205,15 @@ def main() -> None:
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    server = Server(ARGS.model, ARGS.max_model_len)  # loads while the engine below does
+    log = Path(tempfile.mkdtemp(prefix="atom-serving-overhead-")) / "server.log"
+    server = start_server(ARGS.model, ARGS.max_model_len, log)  # loads while the engine below does
     try:
         engine = load_engine(ARGS.model)
         n1 = ARGS.num_prompts
         prompts = [chat_prompt(engine, f"Request {i}. {PROMPT}") for i in range(n1 + ARGS.concurrency)]
         conc1, batch = prompts[:n1], prompts[n1:]
-        asyncio.run(server.wait_ready())
-        m = asyncio.run(measure(engine, server.url, conc1, batch))
+        server.wait_ready()
+        m = asyncio.run(measure(engine, server.base_url, conc1, batch))
     finally:
         server.stop()
     t_total = time.perf_counter() - t0

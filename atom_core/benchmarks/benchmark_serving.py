@@ -59,8 +59,9 @@ def raise_fd_limit() -> None:
     if soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            pass
+        except (ValueError, OSError) as exc:
+            print(f"warning: open-file limit stays at {soft} ({exc}); more concurrent "
+                  "streams than that will fail to connect", file=sys.stderr)
 
 
 async def spec_decode_stats(base_url: str) -> tuple[float | None, float | None]:

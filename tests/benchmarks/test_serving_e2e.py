@@ -16,7 +16,7 @@ import pytest
 
 from atom_core.benchmarks import benchmark_serving
 from atom_core.benchmarks.arrivals import arrival_intervals
-from tests.server_process import ServerProcess
+from atom_core.entrypoints.server_process import ServerProcess
 from tests.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow

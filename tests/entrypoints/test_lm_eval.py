@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from tests.server_process import ServerProcess
+from atom_core.entrypoints.server_process import ServerProcess
 from tests.tiny_models import hf_model, tiny_model_dir
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server_process import ServerProcess
+from atom_core.entrypoints.server_process import ServerProcess
 from tests.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -230,7 +230,7 @@ def test_stop_token_text_is_not_in_the_output(server):
 
 
 def test_engine_port_in_use_is_a_clear_start_up_error():
-    from tests.server_process import free_port
+    from atom_core.entrypoints.server_process import free_port
 
     port = free_port(2)
     taken = socket.socket()

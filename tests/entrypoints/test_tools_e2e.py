@@ -19,10 +19,10 @@ import anthropic
 import openai
 import pytest
 
+from atom_core.entrypoints.server_process import ServerProcess, free_port
 from tests.entrypoints.shared_templates import template_path
 from tests.plugin_dists import pip_install
 from tests.replay_plugin.atom_replay_model.checkpoint import write_replay_model, write_script
-from tests.server_process import ServerProcess, free_port
 from tests.tiny_models import build_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -156,9 +156,12 @@ def test_tuned_none_calls_cublas(monkeypatch):
 def test_shipped_table_is_well_formed():
     for (n, k), per_m in gemv_config.TUNED.items():
         assert set(per_m) <= {1, 2, 4, 8, 16}, (n, k)
-        for c in per_m.values():
-            if c is not None:
-                assert c["BLOCK_N"] >= (4 if c["BLOCK_N"] < 16 else 16) and c["SPLIT_K"] >= 1
+        for m, c in per_m.items():
+            if c is None:
+                continue
+            # tl.dot (the path for 2+ rows) needs BLOCK_N >= 16; powers of two everywhere.
+            assert c["BLOCK_N"] in ((4, 8, 16, 32, 64) if m == 1 else (16, 32, 64)), (n, k, m, c)
+            assert c["BLOCK_K"] & (c["BLOCK_K"] - 1) == 0 and c["SPLIT_K"] in (1, 2, 4, 8), (n, k, m, c)
 
 
 def test_registered_as_linear():

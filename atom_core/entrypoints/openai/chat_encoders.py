@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import json
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,11 +42,12 @@ from atom_core.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
-class ChatEncoder:
+class ChatEncoder(ABC):
     """Turns messages (+ tools) into the prompt text. ``source`` is the template's text."""
 
     source: str = ""
 
+    @abstractmethod
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -53,7 +55,7 @@ class ChatEncoder:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
-        raise NotImplementedError
+        ...
 
 
 class _GenerationTag(jinja2.ext.Extension):

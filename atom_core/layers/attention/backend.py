@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 from atom_core.layers.attention.metadata import AttentionMetadata
 
 
-class AttentionBackend:
+class AttentionBackend(ABC):
     """One layer's attention over a paged cache.
 
     The cache of one layer is a tensor of ``kv_cache_shape(...)``; for MHA/GQA it is
@@ -33,6 +35,7 @@ class AttentionBackend:
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
+    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [T, num_heads * head_dim]
@@ -42,4 +45,4 @@ class AttentionBackend:
         meta: AttentionMetadata,
         cache_written: bool = False,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
-        raise NotImplementedError
+        ...

@@ -16,6 +16,8 @@ up-projections of ``kv_c`` by ``kv_b_proj`` (W_UK rows give ``k_nope``, W_UV row
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch import nn
 
@@ -25,7 +27,7 @@ from atom_core.ops import device_kind
 from atom_core.plugins import get_registries
 
 
-class MLABackend:
+class MLABackend(ABC):
     """One layer's latent attention over a ``[num_blocks, block_size, kv_lora_rank +
     qk_rope_head_dim]`` cache. ``forward`` writes the new tokens' latents at
     ``meta.slot_mapping`` and returns each new query's attention over its sequence's whole
@@ -53,6 +55,7 @@ class MLABackend:
     ) -> tuple[int, ...]:
         return (num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)
 
+    @abstractmethod
     def forward(
         self,
         q_nope: torch.Tensor,  # [T, num_heads, qk_nope_head_dim]
@@ -63,7 +66,7 @@ class MLABackend:
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, num_heads * v_head_dim]
-        raise NotImplementedError
+        ...
 
 
 class MLAAttention(nn.Module):

@@ -1,186 +1,28 @@
-"""The chat and completions handlers behind a small FastAPI app, on a scripted engine."""
+"""/v1/chat/completions on a scripted engine: responses, streaming, errors, disconnects, and
+the openai SDK reading both endpoints."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import httpx
 import openai
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
 
-from atom_core.engine.sequence import Logprob
-from atom_core.entrypoints.openai.errors_http import install_error_handlers
-from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
-from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from atom_core.entrypoints.openai.serving_engine import EngineJob, stream_deltas
-from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
-from tests.tiny_tokenizer import tiny_tokenizer
-
-MODEL = "fake-model"
-USER = [{"role": "user", "content": "Hello world!"}]
-
-
-class FakeEngineClient:
-    """EngineClientAPI on a script: the reply's tokens one delta each (the reply names the
-    seed, so seeded choices differ). Records every request and every abort (a request
-    closed before its finished delta)."""
-
-    def __init__(
-        self,
-        *,
-        reply: str = "The quick brown fox",
-        max_model_len: int = 128,
-        endless: bool = False,
-        error: str | None = None,
-        raises: Exception | None = None,
-        chat_template: str | None = None,
-    ) -> None:
-        self.model_name = MODEL
-        self.model_aliases = {MODEL, "/models/fake"}
-        self.max_model_len = max_model_len
-        self.tokenizer = tiny_tokenizer()
-        self.chat_template = chat_template
-        self.reply, self.endless, self.error, self.raises = reply, endless, error, raises
-        self.calls: list[tuple[list[int], SamplingParams, str]] = []
-        self.aborted: list[str] = []
-        self.frames_sent = 0
-
-    @property
-    def is_healthy(self) -> bool:
-        return True
-
-    def reply_ids(self, params: SamplingParams) -> list[int]:
-        text = self.reply if params.seed is None else f"{self.reply} {params.seed}"
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str):
-        self.calls.append((list(prompt_token_ids), params, request_id))
-        if self.raises is not None:
-            raise self.raises
-        done = False
-        try:
-            if self.error:
-                yield RequestDelta(
-                    request_id, finished=True, finish_reason="abort", error=self.error
-                )
-                done = True
-                return
-            ids = self.reply_ids(params)
-            vocab = len(self.tokenizer)
-            n = 0
-            while True:
-                tid = ids[n % len(ids)]
-                n += 1
-                total = len(prompt_token_ids) + n
-                length = n >= params.max_tokens or total >= self.max_model_len
-                finished = not self.endless and (length or n == len(ids))
-                delta = RequestDelta(
-                    request_id,
-                    text=self.tokenizer.decode([tid]),
-                    token_ids=[tid],
-                    finished=finished,
-                    finish_reason=("length" if length else "stop") if finished else None,
-                    num_prompt_tokens=len(prompt_token_ids),
-                    num_output_tokens=n,
-                    ttft_s=0.5 if n == 1 else None,
-                    latency_s=0.5 + 0.1 * (n - 1) if finished else None,
-                )
-                if params.logprobs is not None:
-                    top = [(tid, -0.5)] + [((tid + k) % vocab, -0.5 - k) for k in range(1, 20)]
-                    delta.logprobs = [Logprob(tid, -0.5, 1, top[: params.logprobs])]
-                if n == 1 and params.prompt_logprobs is not None:
-                    k = params.prompt_logprobs
-                    delta.prompt_logprobs = [None] + [
-                        Logprob(t, -1.0, 2, [((t + 1) % vocab, -0.25), (t, -1.0)][:k])
-                        for t in prompt_token_ids[1:]
-                    ]
-                self.frames_sent += 1
-                yield delta
-                if finished:
-                    done = True
-                    return
-                await asyncio.sleep(0.005 if self.endless else 0)
-        finally:
-            if not done:
-                self.aborted.append(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-
-
-def make_app(engine: FakeEngineClient) -> FastAPI:
-    app = FastAPI()
-    install_error_handlers(app)
-    chat, completion = OpenAIServingChat(engine), OpenAIServingCompletion(engine)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        return await chat.create(request, raw_request)
-
-    @app.post("/v1/completions")
-    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
-        return await completion.create(request, raw_request)
-
-    return app
-
-
-def post(engine: FakeEngineClient, path: str, body: dict[str, Any] | bytes) -> httpx.Response:
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(make_app(engine), raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            if isinstance(body, bytes):
-                headers = {"content-type": "application/json"}
-                return await client.post(path, content=body, headers=headers)
-            return await client.post(path, json=body)
-
-    return asyncio.run(go())
-
-
-def sse_events(response: httpx.Response) -> list[Any]:
-    """The JSON of each data frame; the last entry is the string "[DONE]"."""
-    assert response.headers["content-type"].startswith("text/event-stream")
-    frames = response.content.split(b"\n\n")
-    assert frames[-1] == b""
-    out = []
-    for frame in frames[:-1]:
-        assert frame.startswith(b"data: ")
-        data = frame[6:]
-        out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
-    return out
-
-
-def chat_stream_text(events: list[Any]) -> dict[int, str]:
-    texts: dict[int, str] = {}
-    for event in events[:-1]:
-        for choice in event["choices"]:
-            texts[choice["index"]] = texts.get(choice["index"], "") + (
-                choice["delta"].get("content") or ""
-            )
-    return texts
-
-
-def assert_error(
-    response: httpx.Response, status: int, param: str | None = ..., type_: str | None = None
-):
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    assert body["error"]["code"] == status
-    if param is not ...:
-        assert body["error"]["param"] == param
-    if type_ is not None:
-        assert body["error"]["type"] == type_
-    return body["error"]
-
+from tests.entrypoints.openai.fake_engine import (
+    MODEL,
+    USER,
+    FakeEngineClient,
+    assert_error,
+    chat_stream_text,
+    make_app,
+    post,
+    sse_events,
+)
 
 # ------------------------------------------------------------------------------ chat
 
@@ -545,143 +387,6 @@ def test_finished_requests_are_not_aborted():
     post(engine, "/v1/chat/completions", {"messages": USER, "n": 2, "stream": True})
     post(engine, "/v1/chat/completions", {"messages": USER, "n": 2})
     assert len(engine.calls) == 4 and engine.aborted == []
-
-
-# ----------------------------------------------------------------------- completions
-
-
-def test_completion_non_streaming_and_streaming_agree():
-    engine = FakeEngineClient()
-    body = {"model": MODEL, "prompt": "Hello world", "max_tokens": 50}
-    full = post(engine, "/v1/completions", body).json()
-    assert full["id"].startswith("cmpl-") and full["object"] == "text_completion"
-    [choice] = full["choices"]
-    assert (
-        choice["text"] == engine.reply
-        and choice["finish_reason"] == "stop"
-        and choice["logprobs"] is None
-    )
-    assert engine.calls[0][0] == engine.tokenizer.encode("Hello world")
-    events = sse_events(
-        post(
-            FakeEngineClient(),
-            "/v1/completions",
-            {**body, "stream": True, "stream_options": {"include_usage": True}},
-        )
-    )
-    chunks = events[:-2]
-    assert all(c["object"] == "text_completion" for c in events[:-1])
-    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert events[-2]["choices"] == [] and events[-2]["usage"] == full["usage"]
-
-
-def test_completion_batch_choice_order_is_prompt_major():
-    engine = FakeEngineClient()
-    prompts = ["Hello", "The quick brown fox", "def add"]
-    full = post(engine, "/v1/completions", {"prompt": prompts, "n": 2, "seed": 1}).json()
-    assert [c["index"] for c in full["choices"]] == list(range(6))
-    by_rid = {rid: (ids, p.seed) for ids, p, rid in engine.calls}
-    for i in range(6):
-        ids, seed = by_rid[f"{full['id']}-{i}"]
-        assert ids == engine.tokenizer.encode(prompts[i // 2]) and seed == 1 + i % 2
-        assert full["choices"][i]["text"] == f"{engine.reply} {seed}"
-    assert full["usage"]["prompt_tokens"] == sum(len(engine.tokenizer.encode(p)) for p in prompts)
-
-
-def test_completion_token_id_prompts():
-    engine = FakeEngineClient()
-    ids = engine.tokenizer.encode("Hello world")
-    full = post(engine, "/v1/completions", {"prompt": [ids, ids[:1]], "echo": True}).json()
-    assert [c[0] for c in engine.calls] == [ids, ids[:1]]
-    assert full["choices"][0]["text"] == "Hello world" + engine.reply
-    assert_error(post(engine, "/v1/completions", {"prompt": [10**6]}), 400, "prompt")
-
-
-def test_echo_with_logprobs_as_lm_eval_reads_it():
-    engine = FakeEngineClient()
-    prompt = "The quick brown fox jumps"
-    body = {"prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
-    full = post(engine, "/v1/completions", body).json()
-    prompt_ids = engine.tokenizer.encode(prompt)
-    gen_id = engine.reply_ids(SamplingParams())[0]
-    [choice] = full["choices"]
-    lp = choice["logprobs"]
-    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
-    assert len(lp["tokens"]) == len(prompt_ids) + 1
-    assert lp["tokens"] == [engine.tokenizer.decode([t]) for t in [*prompt_ids, gen_id]]
-    assert choice["text"] == prompt + engine.tokenizer.decode([gen_id])
-    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    assert lp["token_logprobs"][1:] == [-1.0] * (len(prompt_ids) - 1) + [-0.5]
-    assert all(isinstance(t, dict) and 1 <= len(t) <= 2 for t in lp["top_logprobs"][1:])
-    # lm-eval: sum(token_logprobs[ctxlen:-1]); greedy iff each equals max(top.values())
-    assert lp["top_logprobs"][-1] == {engine.tokenizer.decode([gen_id]): -0.5}
-    assert lp["text_offset"][0] == 0
-    assert all(
-        b - a == len(t) for a, b, t in zip(lp["text_offset"], lp["text_offset"][1:], lp["tokens"])
-    )
-    assert engine.calls[0][1].prompt_logprobs == 1 and engine.calls[0][1].logprobs == 1
-    assert (
-        full["usage"]["prompt_tokens"] == len(prompt_ids)
-        and full["usage"]["completion_tokens"] == 1
-    )
-
-
-def test_echo_with_max_tokens_zero_returns_only_the_prompt():
-    engine = FakeEngineClient()
-    prompt = "The quick brown fox jumps"
-    body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2}
-    full = post(engine, "/v1/completions", body).json()
-    prompt_ids = engine.tokenizer.encode(prompt)
-    [choice] = full["choices"]
-    assert choice["text"] == prompt and choice["finish_reason"] == "length"
-    assert len(choice["logprobs"]["tokens"]) == len(prompt_ids)
-    assert choice["logprobs"]["token_logprobs"][0] is None
-    assert full["usage"]["completion_tokens"] == 0
-    assert engine.calls[0][1].max_tokens == 1  # generated, then dropped
-
-    events = sse_events(post(FakeEngineClient(), "/v1/completions", {**body, "stream": True}))
-    streamed = [ch for e in events[:-1] for ch in e["choices"]]
-    assert "".join(ch["text"] for ch in streamed) == prompt
-    assert [t for ch in streamed if ch["logprobs"] for t in ch["logprobs"]["tokens"]] == choice[
-        "logprobs"
-    ]["tokens"]
-
-
-def test_completion_streaming_echo_logprobs_agree_with_non_streaming():
-    body = {"prompt": "Hello world", "max_tokens": 3, "echo": True, "logprobs": 2}
-    full = post(FakeEngineClient(), "/v1/completions", body).json()["choices"][0]
-    events = sse_events(post(FakeEngineClient(), "/v1/completions", {**body, "stream": True}))
-    streamed = [ch for e in events[:-1] for ch in e["choices"]]
-    assert "".join(ch["text"] for ch in streamed) == full["text"]
-    merged = {k: [x for ch in streamed for x in ch["logprobs"][k]] for k in full["logprobs"]}
-    assert merged == full["logprobs"]
-
-
-BAD_COMPLETIONS = [
-    ({"prompt": []}, "prompt"),
-    ({"prompt": 5}, "prompt"),
-    ({}, "prompt"),
-    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "hi", "logprobs": 21}, "logprobs"),
-    ({"prompt": "hi", "echo": "banana"}, "echo"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": "x " * 200}, "prompt"),
-    ({"prompt": ["ok", "x " * 200]}, "prompt"),
-]
-
-
-@pytest.mark.parametrize(("body", "param"), BAD_COMPLETIONS)
-def test_bad_completion_requests(body, param):
-    engine = FakeEngineClient()
-    assert_error(post(engine, "/v1/completions", body), 400, param, "invalid_request_error")
-    assert engine.calls == []
-
-
-def test_completion_unknown_model_is_404():
-    assert_error(
-        post(FakeEngineClient(), "/v1/completions", {"model": "x", "prompt": "hi"}), 404, "model"
-    )
 
 
 # ------------------------------------------------------------------------ OpenAI SDK

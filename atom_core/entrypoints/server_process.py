@@ -1,4 +1,7 @@
-"""Start the real server (``atom serve``) in a subprocess for end-to-end tests."""
+"""``atom serve`` in a subprocess of its own process group: what end-to-end tests and the
+serving benches (bench/serving_overhead.py) start and stop. Readiness is polled on
+``/health`` with the standard library, so nothing beyond the server's own dependencies is
+needed."""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
-
-import httpx
 
 
 def free_port(span: int = 1) -> int:
@@ -34,6 +37,8 @@ def free_port(span: int = 1) -> int:
 
 
 class ServerProcess:
+    """``stop()`` ends the whole group (frontend and engine process)."""
+
     def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None) -> None:
         self.port = free_port()
         engine_port = free_port(2)
@@ -54,10 +59,11 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
+                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass  # not listening yet, or the engine is still loading
             time.sleep(0.3)
         raise RuntimeError(f"server not ready after {timeout}s: {self.log()}")
 

@@ -1,0 +1,180 @@
+"""A scripted EngineClientAPI (one delta per token of a fixed reply) and a small FastAPI app
+with the chat and completions handlers on it: the scaffolding of test_serving_chat.py and
+test_serving_completion.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from atom_core.engine.sequence import Logprob
+from atom_core.entrypoints.openai.errors_http import install_error_handlers
+from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
+from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
+from atom_core.sampling_params import SamplingParams
+from tests.tiny_tokenizer import tiny_tokenizer
+
+MODEL = "fake-model"
+USER = [{"role": "user", "content": "Hello world!"}]
+
+
+class FakeEngineClient:
+    """EngineClientAPI on a script: the reply's tokens one delta each (the reply names the
+    seed, so seeded choices differ). Records every request and every abort (a request
+    closed before its finished delta)."""
+
+    def __init__(
+        self,
+        *,
+        reply: str = "The quick brown fox",
+        max_model_len: int = 128,
+        endless: bool = False,
+        error: str | None = None,
+        raises: Exception | None = None,
+        chat_template: str | None = None,
+    ) -> None:
+        self.model_name = MODEL
+        self.model_aliases = {MODEL, "/models/fake"}
+        self.max_model_len = max_model_len
+        self.tokenizer = tiny_tokenizer()
+        self.chat_template = chat_template
+        self.reply, self.endless, self.error, self.raises = reply, endless, error, raises
+        self.calls: list[tuple[list[int], SamplingParams, str]] = []
+        self.aborted: list[str] = []
+        self.frames_sent = 0
+
+    @property
+    def is_healthy(self) -> bool:
+        return True
+
+    def reply_ids(self, params: SamplingParams) -> list[int]:
+        text = self.reply if params.seed is None else f"{self.reply} {params.seed}"
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str):
+        self.calls.append((list(prompt_token_ids), params, request_id))
+        if self.raises is not None:
+            raise self.raises
+        done = False
+        try:
+            if self.error:
+                yield RequestDelta(
+                    request_id, finished=True, finish_reason="abort", error=self.error
+                )
+                done = True
+                return
+            ids = self.reply_ids(params)
+            vocab = len(self.tokenizer)
+            n = 0
+            while True:
+                tid = ids[n % len(ids)]
+                n += 1
+                total = len(prompt_token_ids) + n
+                length = n >= params.max_tokens or total >= self.max_model_len
+                finished = not self.endless and (length or n == len(ids))
+                delta = RequestDelta(
+                    request_id,
+                    text=self.tokenizer.decode([tid]),
+                    token_ids=[tid],
+                    finished=finished,
+                    finish_reason=("length" if length else "stop") if finished else None,
+                    num_prompt_tokens=len(prompt_token_ids),
+                    num_output_tokens=n,
+                    ttft_s=0.5 if n == 1 else None,
+                    latency_s=0.5 + 0.1 * (n - 1) if finished else None,
+                )
+                if params.logprobs is not None:
+                    top = [(tid, -0.5)] + [((tid + k) % vocab, -0.5 - k) for k in range(1, 20)]
+                    delta.logprobs = [Logprob(tid, -0.5, 1, top[: params.logprobs])]
+                if n == 1 and params.prompt_logprobs is not None:
+                    k = params.prompt_logprobs
+                    delta.prompt_logprobs = [None] + [
+                        Logprob(t, -1.0, 2, [((t + 1) % vocab, -0.25), (t, -1.0)][:k])
+                        for t in prompt_token_ids[1:]
+                    ]
+                self.frames_sent += 1
+                yield delta
+                if finished:
+                    done = True
+                    return
+                await asyncio.sleep(0.005 if self.endless else 0)
+        finally:
+            if not done:
+                self.aborted.append(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+def make_app(engine: FakeEngineClient) -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+    chat, completion = OpenAIServingChat(engine), OpenAIServingCompletion(engine)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await chat.create(request, raw_request)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completion.create(request, raw_request)
+
+    return app
+
+
+def post(engine: FakeEngineClient, path: str, body: dict[str, Any] | bytes) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(make_app(engine), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            if isinstance(body, bytes):
+                headers = {"content-type": "application/json"}
+                return await client.post(path, content=body, headers=headers)
+            return await client.post(path, json=body)
+
+    return asyncio.run(go())
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The JSON of each data frame; the last entry is the string "[DONE]"."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    frames = response.content.split(b"\n\n")
+    assert frames[-1] == b""
+    out = []
+    for frame in frames[:-1]:
+        assert frame.startswith(b"data: ")
+        data = frame[6:]
+        out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return out
+
+
+def chat_stream_text(events: list[Any]) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for event in events[:-1]:
+        for choice in event["choices"]:
+            texts[choice["index"]] = texts.get(choice["index"], "") + (
+                choice["delta"].get("content") or ""
+            )
+    return texts
+
+
+def assert_error(
+    response: httpx.Response, status: int, param: str | None = ..., type_: str | None = None
+):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert body["error"]["code"] == status
+    if param is not ...:
+        assert body["error"]["param"] == param
+    if type_ is not None:
+        assert body["error"]["type"] == type_
+    return body["error"]
