@@ -29,19 +29,8 @@ class TritonMLABackend(NativeMLABackend):
     cuda_graph_safe = True
     # native's forward (mixed batches) writes through this: one launch, slot -1 skipped.
     write_cache = staticmethod(write_latent_cache)
-
-    def __init__(
-        self,
-        num_heads: int,
-        qk_nope_head_dim: int,
-        qk_rope_head_dim: int,
-        v_head_dim: int,
-        kv_lora_rank: int,
-        scale: float,
-    ) -> None:
-        super().__init__(num_heads, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank, scale)
-        self._sms: int | None = None
-        self.kernel_config: MLADecodeConfig | None = None  # None: the defaults for the dtype
+    _sms: int | None = None  # read on first use: no device query during graph capture
+    kernel_config: MLADecodeConfig | None = None  # None: the defaults for the dtype
 
     def forward(
         self,
