@@ -84,3 +84,29 @@ def test_sampling_seeded_is_reproducible_in_graph_mode():
     a = engine.generate(prompts(), params)
     b = engine.generate(prompts(), params)
     assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
+
+
+def test_async_scheduling_equals_sync_in_graph_mode():
+    """The run-ahead path on a real stream: step k+1 replays its graph from step k's ids
+    copied on the device; tokens, finish reasons and the KV pool must match the sync run."""
+    path = tiny_model_dir("qwen3")
+    lengths = [3, 24, 11]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=20, ignore_eos=True)
+    sync, _ = engine_tokens(path, "float32")
+    eng = LLMEngine(str(path), enable_log_stats=False, device="cuda", dtype="float32", max_num_seqs=8,
+                    cudagraph_capture_sizes=[1, 2, 4, 8], num_gpu_blocks_override=256, async_scheduling=True)
+    ahead = []
+    launch = eng.runner.launch_decode
+
+    def spy(batch, ids_from=None):
+        ahead.append(ids_from is not None)
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch_decode = spy
+    outs = eng.generate(prompts(), greedy)
+    assert [o["token_ids"] for o in outs] == [s[:n] for s, n in zip(sync, lengths)]
+    assert sum(ahead) >= 10
+    ref = engine_tokens(path, "float32")[1].generate(prompts(), seeded)
+    assert [o["token_ids"] for o in eng.generate(prompts(), seeded)] == [o["token_ids"] for o in ref]
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
