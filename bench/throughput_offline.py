@@ -240,7 +240,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    p.add_argument("--async-scheduling", action="store_true", help="run steady decode one step ahead")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="run steady decode one step ahead (the engine's default)")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-batches", type=int, default=2, help="0 skips transformers")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")

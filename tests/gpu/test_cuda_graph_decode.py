@@ -93,7 +93,7 @@ def test_async_scheduling_equals_sync_in_graph_mode():
     lengths = [3, 24, 11]
     greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=20, ignore_eos=True)
-    sync, _ = engine_tokens(path, "float32")
+    sync, _ = engine_tokens(path, "float32", async_scheduling=False)
     eng = LLMEngine(str(path), enable_log_stats=False, device="cuda", dtype="float32", max_num_seqs=8,
                     cudagraph_capture_sizes=[1, 2, 4, 8], num_gpu_blocks_override=256, async_scheduling=True)
     ahead = []
@@ -107,6 +107,6 @@ def test_async_scheduling_equals_sync_in_graph_mode():
     outs = eng.generate(prompts(), greedy)
     assert [o["token_ids"] for o in outs] == [s[:n] for s, n in zip(sync, lengths)]
     assert sum(ahead) >= 10
-    ref = engine_tokens(path, "float32")[1].generate(prompts(), seeded)
+    ref = engine_tokens(path, "float32", async_scheduling=False)[1].generate(prompts(), seeded)
     assert [o["token_ids"] for o in eng.generate(prompts(), seeded)] == [o["token_ids"] for o in ref]
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
