@@ -6,9 +6,12 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, x_stride, out_ptr, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, x_stride, out_ptr, d, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -29,5 +32,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(d))
-    _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, x2.stride(0), out, d, BLOCK=block)
+    _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+        x2, x2.stride(0), out, d, BLOCK=block, **pdl_options(x.device),
+    )
     return out.view(*x.shape[:-1], d)

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 # Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
 # leaves every counter it used back at 0 (the merging program resets it), so a buffer is
 # zeroed once at allocation and never again - a memset would be one more graph node. One
@@ -77,7 +79,9 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -198,5 +202,5 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=32 if q.dtype == torch.float32 else 64, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
-        PRECISION=precision, num_warps=4, num_stages=2,
+        PRECISION=precision, num_warps=4, num_stages=2, **pdl_options(q.device),
     )

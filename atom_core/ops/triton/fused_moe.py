@@ -25,6 +25,7 @@ import triton.language as tl
 
 from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
 from atom_core.ops.triton.moe_align import align_by_expert
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
@@ -32,7 +33,9 @@ def _gate_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
     pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:  # past the last expert's segment
@@ -71,7 +74,9 @@ def _down_kernel(
     act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
     pairs_ptr, block_expert_ptr, num_pairs, hidden, inter,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -103,7 +108,9 @@ def _down_kernel(
 def _sum_pairs_kernel(
     per_pair_ptr, ids_ptr, out_ptr, top_k, num_experts, hidden,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < hidden
@@ -133,7 +140,7 @@ def fused_moe(
     if config is None:
         config = get_config(num_tokens, top_k, num_experts, hidden_size, inter)
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl_options(hidden.device)}
     x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     weights = topk_weights.reshape(-1).contiguous()
     sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, block_m)
@@ -157,5 +164,6 @@ def fused_moe(
     block_h = min(1024, triton.next_power_of_2(hidden_size))
     _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden_size, block_h))](
         per_pair, ids, out, top_k, num_experts, hidden_size, BLOCK_H=block_h, num_warps=4,
+        **pdl_options(hidden.device),
     )
     return out

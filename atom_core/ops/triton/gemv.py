@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -38,7 +39,7 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -53,9 +54,16 @@ def _gemv_kernel(
     ks = tl.arange(0, BLOCK_K)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    # The first K tile is peeled: its W is loaded before waiting on the previous kernel
+    # (pdl.py), since no kernel of a step writes weights; x only after the wait.
+    kk = k_start + ks
+    k_ok = kk < k_end
     if BLOCK_M == 1:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
+        w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+        pdl_wait(PDL)
+        a = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        acc2 = w0.to(tl.float32) * a[None, :]
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -63,16 +71,21 @@ def _gemv_kernel(
             acc2 += w * a[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]
     else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_start, k_end, BLOCK_K):
+        # The W^T tile [BLOCK_K, BLOCK_N], addressed directly: contiguous along K, so the
+        # loads still vectorize.
+        w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
+        pdl_wait(PDL)
+        a = tl.load(
+            x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+        )
+        acc = tl.dot(a, w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(
                 x_ptr + rows[:, None] * x_stride + kk[None, :],
                 mask=row_ok[:, None] & k_ok[None, :], other=0.0,
             )
-            # The W^T tile [BLOCK_K, BLOCK_N], addressed directly: contiguous along K, so
-            # the loads still vectorize.
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
             acc = tl.dot(a, w_t, acc, input_precision=PRECISION)
     mask = row_ok[:, None] & col_ok[None, :]
@@ -89,10 +102,12 @@ def _gemv_kernel(
 @triton.jit
 def _split_k_reduce_kernel(
     part_ptr, b_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < N
+    pdl_wait(PDL)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
         acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + cols, mask=col_ok, other=0.0)
@@ -145,15 +160,16 @@ def linear(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
+    pdl = pdl_options(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
         BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias if has_bias else weight, out, m, n, SPLIT_K=split_k, HAS_BIAS=has_bias, BLOCK=block,
+            part, bias if has_bias else weight, out, m, n, SPLIT_K=split_k, HAS_BIAS=has_bias, BLOCK=block, **pdl,
         )
     return out.view(*x.shape[:-1], n)

@@ -6,10 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _write_kv_kernel(k_ptr, k_stride, v_ptr, v_stride, cache_ptr, v_offset, slot_ptr, width,
+    PDL: tl.constexpr,
                      BLOCK: tl.constexpr):
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:
@@ -40,5 +44,5 @@ def write_kv_cache(
     block = min(1024, triton.next_power_of_2(width))
     _write_kv_kernel[(num_tokens, triton.cdiv(width, block))](
         k2, k2.stride(0), v2, v2.stride(0), kv_cache, kv_cache.stride(0), slot_mapping, width,
-        BLOCK=block,
+        BLOCK=block, **pdl_options(k2.device),
     )

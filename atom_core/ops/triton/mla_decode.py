@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.triton.decode_attention import num_kv_splits
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ def _mla_decode_kernel(
     RANK: tl.constexpr, ROPE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     BLOCK_R: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     s = tl.program_id(0)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -129,7 +132,9 @@ def _mla_decode_kernel(
 def _mla_merge_kernel(
     po_ptr, plse_ptr, out_ptr, out_stride_s, out_stride_h, num_heads,
     RANK: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -201,20 +206,22 @@ def mla_decode_attention(
         RANK=rank, ROPE=rope, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
         BLOCK_L=triton.next_power_of_2(max(rank, 16)), BLOCK_R=triton.next_power_of_2(max(rope, 16)),
         PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_options(out.device),
     )
     if num_splits > 1:
         block_v = min(cfg.merge_block_v, triton.next_power_of_2(rank))
         _mla_merge_kernel[(num_seqs, num_heads, triton.cdiv(rank, block_v))](
             po, plse, out, out.stride(0), out.stride(1), num_heads,
             RANK=rank, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_V=block_v,
+            BLOCK_V=block_v, **pdl_options(out.device),
         )
     return out
 
 
 @triton.jit
 def _write_latent_kernel(kvc_ptr, kvc_stride, kpe_ptr, kpe_stride, cache_ptr, slot_ptr,
-                         RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK: tl.constexpr):
+                         RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:
@@ -246,5 +253,5 @@ def write_latent_cache(
         k_pe = k_pe.contiguous()
     _write_latent_kernel[(num_tokens,)](
         kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), kv_cache, slot_mapping,
-        RANK=rank, ROPE=rope, BLOCK=triton.next_power_of_2(rank + rope),
+        RANK=rank, ROPE=rope, BLOCK=triton.next_power_of_2(rank + rope), **pdl_options(kv_cache.device),
     )

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 def aligned_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Rows in the padded, sorted layout: at most min(pairs, E) experts are non-empty and
@@ -80,7 +82,9 @@ def _align_small_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_experts, capacity,
     BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_PAD: tl.constexpr,
     FILL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     pairs = tl.arange(0, P_PAD)
     ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
     # Out-of-range ids (and the padding past num_pairs) match no expert: they get no row.
@@ -118,5 +122,6 @@ def _align_small(
         BLOCK_M=block_m, P_PAD=triton.next_power_of_2(num_pairs),
         E_PAD=triton.next_power_of_2(num_experts),
         NB_PAD=triton.next_power_of_2(capacity // block_m), FILL=1024, num_warps=8,
+        **pdl_options(flat.device),
     )
     return sorted_pairs, block_expert

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _moe_topk_kernel(
@@ -22,7 +24,9 @@ def _moe_topk_kernel(
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
     HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_GROUPS: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < num_experts
@@ -104,6 +108,6 @@ def select_experts(
         NUM_GROUPS=num_groups, TOPK_GROUP=min(topk_group or 1, num_groups),
         # One warp holds a row of up to 256 experts in 8 registers a lane; its reductions
         # then stay in shuffles, which is what a decode step's latency wants.
-        num_warps=max(1, min(8, block_e // 256)),
+        num_warps=max(1, min(8, block_e // 256)), **pdl_options(router_logits.device),
     )
     return weights, ids

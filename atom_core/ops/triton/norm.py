@@ -6,12 +6,16 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, x_stride, res_ptr, res_stride, w_ptr, out_ptr, sum_ptr, rows, n, eps,
     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     # ROWS rows per program: short rows (Qwen3's per-head q/k norm, head_dim 128) would
     # otherwise leave most of each program idle.
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -49,7 +53,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     _rms_norm_kernel[(triton.cdiv(rows, per_row),)](
         x2, x2.stride(0), r2, r2.stride(0), weight, out, summed, rows, n, eps,
         HAS_RESIDUAL=residual is not None, ROWS=per_row, BLOCK=block,
-        num_warps=8 if block >= 4096 else 4,
+        num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
     )
     return out.view(x.shape), summed.view(x.shape)
 

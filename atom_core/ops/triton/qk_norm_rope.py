@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _norm_rope_heads(src, src_stride, w_ptr, eps, dst, cs_ptr, tok, heads, head_size, rot_dim,
@@ -55,7 +57,9 @@ def _qk_norm_rope_cache_kernel(
     q_out, k_out, cs_ptr, cs_stride, cache_ptr, v_offset, slot_ptr, q_heads, k_heads,
     head_size, rot_dim, IS_NEOX: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     cs = cs_ptr + pos * cs_stride
@@ -112,6 +116,6 @@ def qk_norm_rope_cache_write(
             kv_cache.stride(0), slot_mapping, q_heads, k_heads, head_size,
             cos_sin_cache.shape[-1], IS_NEOX=is_neox, BLOCK_QH=block_qh,
             BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_D=block_d,
-            num_warps=8 if block_qh * block_d >= 8192 else 4,
+            num_warps=8 if block_qh * block_d >= 8192 else 4, **pdl_options(q.device),
         )
     return q_out.view(q.shape), k_out.view(k.shape)

@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+
 
 @triton.jit
 def _rotate_heads(src, src_stride, dst, cs_ptr, tok, heads, head_size, rot_dim,
@@ -39,7 +41,9 @@ def _rotate_heads(src, src_stride, dst, cs_ptr, tok, heads, head_size, rot_dim,
 @triton.jit
 def _rotary_kernel(pos_ptr, q_ptr, q_stride, k_ptr, k_stride, q_out, k_out, cs_ptr, cs_stride,
                    q_heads, k_heads, head_size, rot_dim, IS_NEOX: tl.constexpr,
+    PDL: tl.constexpr,
                    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr):
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     cs = cs_ptr + pos * cs_stride
@@ -74,5 +78,6 @@ def rotary_embedding(
             cos_sin_cache.stride(0), q_heads, k_heads, head_size, cos_sin_cache.shape[-1],
             IS_NEOX=is_neox, BLOCK_QH=triton.next_power_of_2(q_heads),
             BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_D=triton.next_power_of_2(head_size),
+            **pdl_options(q2.device),
         )
     return q_out.view(query.shape), k_out.view(key.shape)

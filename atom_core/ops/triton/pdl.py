@@ -1,0 +1,60 @@
+"""Programmatic dependent launch (PDL): a decode kernel starts while the one before it drains.
+
+At batch 1 a decode step is a chain of ~10 short kernels a layer, and each would otherwise
+begin only after the previous one has finished and its launch has gone through: a few
+microseconds of an idle GPU per kernel. With PDL (Hopper and later) a kernel is launched
+early; its programs run whatever does not depend on the previous kernel (a GEMV loads its
+first weight tile, which nothing in a decode step writes) and then wait in ``pdl_wait``
+until the previous kernel has completed and its writes are visible.
+
+The rule every kernel launched with PDL keeps: nothing written by an earlier kernel is read,
+and nothing at all is written, before ``pdl_wait``; and every program reaches ``pdl_wait``.
+Then kernel k+1 cannot finish before kernel k, so waiting on the previous kernel orders it
+after all of them. Kernels of other libraries (cuBLAS, torch) are launched without PDL and
+start after the one before them has finished, as always.
+
+``ATOM_PDL=0`` turns it off (A/B measurements). It is captured into CUDA graphs as
+programmatic edges.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton: PDL stays off, and the PDL=False branch is never compiled
+    gdc_launch_dependents = gdc_wait = None
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Let the next kernel launch, then wait until the previous kernel's writes are visible."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+_OFF: dict[str, Any] = {"PDL": False}
+_ON: dict[str, Any] = {"PDL": True, "launch_pdl": True}
+
+
+@functools.cache
+def _options(index: int) -> dict[str, Any]:
+    if os.environ.get("ATOM_PDL", "1") == "0" or gdc_wait is None or torch.version.hip is not None:
+        return _OFF
+    return _ON if torch.cuda.get_device_capability(index)[0] >= 9 else _OFF
+
+
+def pdl_options(device: torch.device) -> dict[str, Any]:
+    """Keyword arguments for a kernel launch: the ``PDL`` constexpr and, when on, ``launch_pdl``.
+    Decided once per device (``ATOM_PDL`` is read then)."""
+    if device.type != "cuda":
+        return _OFF
+    return _options(device.index if device.index is not None else torch.cuda.current_device())
