@@ -110,10 +110,11 @@ def test_tuned_table_covers_its_buckets_and_defers_past_them():
 
 
 @pytest.mark.parametrize(
-    "tokens,top_k,experts,block_m", [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1)]
+    "tokens,top_k,experts,block_m",
+    [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1), (64, 8, 128, 64), (100, 5, 160, 32)],
 )
-def test_single_program_align_equals_torch_layout(tokens, top_k, experts, block_m):
-    # The one-program decode path must lay rows out exactly as the torch path: same rows,
+def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m):
+    # The decode-size kernel must lay rows out exactly as the torch path: same rows,
     # same token order within each expert, same block owners; out-of-range ids get no row.
     from atom_core.ops.triton import moe_align
 

@@ -107,20 +107,20 @@ def _down_kernel(
 @triton.jit
 def _sum_pairs_kernel(
     per_pair_ptr, ids_ptr, out_ptr, top_k, num_experts, hidden,
-    BLOCK_H: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < hidden
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in range(0, top_k):
-        pair = token * top_k + j
-        e = tl.load(ids_ptr + pair)
-        if (e >= 0) & (e < num_experts):  # else the pair had no row: its slot is garbage
-            acc += tl.load(per_pair_ptr + pair * hidden + cols, mask=col_ok, other=0.0)
-    tl.store(out_ptr + token * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+    # All k rows of the token in one [BLOCK_K, BLOCK_H] load (not k dependent loads in a
+    # row), summed by one fixed-order reduction: the same sum every run.
+    j = tl.arange(0, BLOCK_K)
+    pair = token * top_k + j
+    e = tl.load(ids_ptr + pair, mask=j < top_k, other=-1)
+    used = (j < top_k) & (e >= 0) & (e < num_experts)  # else the pair had no row: its slot is garbage
+    rows = tl.load(per_pair_ptr + pair[:, None] * hidden + cols[None, :], mask=used[:, None] & col_ok[None, :], other=0.0)
+    tl.store(out_ptr + token * hidden + cols, tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 def fused_moe(
@@ -161,9 +161,10 @@ def fused_moe(
     )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-    block_h = min(1024, triton.next_power_of_2(hidden_size))
+    block_k = triton.next_power_of_2(top_k)
+    block_h = min(4096 // block_k, triton.next_power_of_2(hidden_size))
     _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden_size, block_h))](
-        per_pair, ids, out, top_k, num_experts, hidden_size, BLOCK_H=block_h, num_warps=4,
-        **pdl_options(hidden.device),
+        per_pair, ids, out, top_k, num_experts, hidden_size, BLOCK_K=block_k, BLOCK_H=block_h,
+        num_warps=4, **pdl_options(hidden.device),
     )
     return out

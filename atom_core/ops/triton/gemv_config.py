@@ -26,9 +26,6 @@ class GemvConfig(TypedDict):
 
 
 # (N, K) -> {M bucket (1, 2, 4, 8, 16): config}; filled from bench/gemv.py output.
-TUNED: dict[tuple[int, int], dict[int, GemvConfig]] = {}
-
-
 TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
     (576, 2048): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -177,7 +174,8 @@ def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_S
 
 def get_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig | None:
     """The config for an [m, k] x [n, k]^T product, or None where cuBLAS is faster."""
-    table = TUNED.get((n, k))
+    # The table was measured on 2-byte weights; fp32 tiles that size overflow shared memory.
+    table = TUNED.get((n, k)) if elem_size == 2 else None
     if table:
         bucket = m_bucket(m)
         # The nearest tuned bucket at or above this one, else the largest tuned.

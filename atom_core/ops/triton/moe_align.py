@@ -69,10 +69,10 @@ def _align_torch(
     return sorted_pairs[:capacity], block_expert
 
 
-# One program lays out every pair when there are few (decode): the torch path above is ~20
-# small kernels (sort, scatter, cumsums, searchsorted), each a graph node with its own
-# launch gap, which at batch 1 cost more than the expert GEMMs. Past SMALL_PAIRS the
-# [experts x pairs] tiles below outgrow one program's registers.
+# Decode-sized batches (<= SMALL_PAIRS pairs) are laid out by one launch of E + 1 programs
+# instead: the torch path above is ~20 small kernels (sort, scatter, cumsums, searchsorted),
+# each a graph node with its own launch gap, which at batch 1 cost more than the expert
+# GEMMs. Past SMALL_PAIRS the [experts x pairs] match below outgrows a program's registers.
 SMALL_PAIRS = 512
 SMALL_EXPERTS = 512
 
@@ -80,35 +80,43 @@ SMALL_EXPERTS = 512
 @triton.jit
 def _align_small_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_experts, capacity,
-    BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, NB_PAD: tl.constexpr,
-    FILL: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, SEG_BLOCKS: tl.constexpr,
+    FILL: tl.constexpr, PDL: tl.constexpr,
 ):
+    # Program e < E lays out expert e's segment; program E fills the rows and blocks past
+    # the last segment. Every program counts all experts (a [E, pairs] match, cheap at decode
+    # sizes) to know where its segment starts, so no program waits on another.
     pdl_wait(PDL)
+    e = tl.program_id(0)
     pairs = tl.arange(0, P_PAD)
     ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
     # Out-of-range ids (and the padding past num_pairs) match no expert: they get no row.
     ids = tl.where((ids >= 0) & (ids < num_experts), ids, E_PAD)
     experts = tl.arange(0, E_PAD)
-    hit = (ids[None, :] == experts[:, None]).to(tl.int32)  # [E_PAD, P_PAD]
-    counts = tl.sum(hit, axis=1)
+    counts = tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
-    # A pair's row: its expert's start plus how many earlier pairs chose that expert, so
-    # each expert's rows stay in token order (as the stable sort of the torch path).
-    before = tl.cumsum(hit, axis=1) - hit
-    dest = tl.sum(hit * (starts[:, None] + before), axis=0)
-    for r0 in range(0, capacity, FILL):
-        rows = r0 + tl.arange(0, FILL)
-        tl.store(sorted_ptr + rows, tl.full([FILL], 0, tl.int32) + num_pairs, mask=rows < capacity)
-    tl.debug_barrier()  # the padding fill lands before the scatter overwrites its rows
-    tl.store(sorted_ptr + dest, pairs, mask=ids < num_experts)
-    blocks = tl.arange(0, NB_PAD)
-    first_row = blocks * BLOCK_M
-    inside = (starts[:, None] <= first_row[None, :]) & (first_row[None, :] < ends[:, None])
-    owner = tl.max(tl.where(inside, experts[:, None], -1), axis=0)
-    tl.store(block_expert_ptr + blocks, owner, mask=first_row < capacity)
+    if e < num_experts:
+        mine = experts == e
+        start = tl.sum(tl.where(mine, ends - padded, 0), axis=0)
+        count = tl.sum(tl.where(mine, counts, 0), axis=0)
+        end = tl.sum(tl.where(mine, ends, 0), axis=0)
+        # A pair's row: the segment start plus how many earlier pairs chose e, so the
+        # segment stays in token order (as the stable sort of the torch path).
+        hit = (ids == e).to(tl.int32)
+        tl.store(sorted_ptr + start + tl.cumsum(hit, axis=0) - hit, pairs, mask=hit != 0)
+        pad = start + count + tl.arange(0, BLOCK_M)
+        tl.store(sorted_ptr + pad, tl.full([BLOCK_M], 0, tl.int32) + num_pairs, mask=pad < end)
+        blocks = start // BLOCK_M + tl.arange(0, SEG_BLOCKS)
+        tl.store(block_expert_ptr + blocks, tl.full([SEG_BLOCKS], 0, tl.int32) + e, mask=blocks < end // BLOCK_M)
+    else:
+        total = tl.sum(padded, axis=0)
+        for r0 in range(total, capacity, FILL):
+            rows = r0 + tl.arange(0, FILL)
+            tl.store(sorted_ptr + rows, tl.full([FILL], 0, tl.int32) + num_pairs, mask=rows < capacity)
+        for b0 in range(total // BLOCK_M, capacity // BLOCK_M, FILL):
+            blocks = b0 + tl.arange(0, FILL)
+            tl.store(block_expert_ptr + blocks, tl.full([FILL], -1, tl.int32), mask=blocks < capacity // BLOCK_M)
 
 
 def _align_small(
@@ -117,11 +125,11 @@ def _align_small(
     num_pairs = flat.numel()
     sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=flat.device)
-    _align_small_kernel[(1,)](
+    p_pad = triton.next_power_of_2(num_pairs)
+    _align_small_kernel[(num_experts + 1,)](
         flat, sorted_pairs, block_expert, num_pairs, num_experts, capacity,
-        BLOCK_M=block_m, P_PAD=triton.next_power_of_2(num_pairs),
-        E_PAD=triton.next_power_of_2(num_experts),
-        NB_PAD=triton.next_power_of_2(capacity // block_m), FILL=1024, num_warps=8,
-        **pdl_options(flat.device),
+        BLOCK_M=block_m, P_PAD=p_pad, E_PAD=triton.next_power_of_2(num_experts),
+        SEG_BLOCKS=triton.next_power_of_2(triton.cdiv(num_pairs, block_m)), FILL=1024,
+        num_warps=4 if p_pad * num_experts <= 8192 else 8, **pdl_options(flat.device),
     )
     return sorted_pairs, block_expert
