@@ -1,6 +1,6 @@
 """The Triton ``linear`` against F.linear on the GPU: the real decode projections and LM
 heads, every M up to the threshold, bf16/fp16/fp32, split-K determinism and CUDA-graph
-replay."""
+replay; ``silu_and_mul_linear`` on the real down projections, and bitwise the unfused pair."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
-from atom_core.ops.triton.gemv import linear  # noqa: E402
+from atom_core.ops.native import activation as native_act  # noqa: E402
+from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
+from atom_core.ops.triton.gemv import linear, silu_and_mul_linear  # noqa: E402
 from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, default_config  # noqa: E402
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
 
@@ -33,6 +35,7 @@ SHAPES = {
     "deepseek-v2-lite.kv_a": (576, 2048),
     "deepseek-v2-lite.mlp.down": (2048, 10944),
 }
+DOWN_SHAPES = ["qwen3-0.6b.down", "qwen3-8b.down", "deepseek-v2-lite.mlp.down"]
 _weights: dict = {}
 
 
@@ -112,3 +115,32 @@ def test_cuda_graph_replay_equals_eager(shape, m):
 
 def test_registered_for_cuda():
     assert resolve_op("linear", "cuda") is linear
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", DOWN_SHAPES)
+def test_silu_and_mul_linear_real_shapes_every_m(shape, dtype):
+    n, k = SHAPES[shape]
+    w = weight(n, k, dtype)
+    for m in range(1, MAX_ROWS + 1):
+        x = rand(m, 2 * k, dtype=dtype, seed=m)
+        got = silu_and_mul_linear(x, w)
+        # The activation rounded to the model dtype, as the unfused ops round it; the
+        # product in fp32.
+        ref = F.linear(native_act.silu_and_mul(x).float(), w.float())
+        assert got.dtype == dtype and got.shape == (m, n)
+        assert rel_err(got, ref) < tolerance(dtype), (shape, m)
+
+
+@pytest.mark.parametrize("shape", DOWN_SHAPES)
+@pytest.mark.parametrize("m", [1, 4])
+def test_silu_and_mul_linear_is_bitwise_the_unfused_pair(shape, m):
+    n, k = SHAPES[shape]
+    w = weight(n, k, torch.bfloat16)
+    x = rand(m, 2 * k, dtype=torch.bfloat16)
+    b = rand(n, dtype=torch.bfloat16, seed=2)
+    assert torch.equal(silu_and_mul_linear(x, w, b), linear(silu_and_mul(x), w, b))
+
+
+def test_silu_and_mul_linear_registered_for_cuda():
+    assert resolve_op("silu_and_mul_linear", "cuda") is silu_and_mul_linear

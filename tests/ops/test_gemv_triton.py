@@ -1,4 +1,5 @@
-"""The Triton ``linear`` (skinny GEMM) against F.linear, on CPU through TRITON_INTERPRET=1
+"""The Triton ``linear`` (skinny GEMM) against F.linear, and ``silu_and_mul_linear`` (the
+same kernel with the activation fused into its x loads) against the native op, on CPU through TRITON_INTERPRET=1
 with small shapes (tests/gpu/test_gemv_gpu.py runs the real ones). Skipped where triton is
 not installed."""
 
@@ -11,9 +12,12 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
+from atom_core.ops.native import activation as native_act  # noqa: E402
 from atom_core.ops.triton import gemv, gemv_config  # noqa: E402
-from atom_core.ops.triton.gemv import linear  # noqa: E402
+from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
+from atom_core.ops.triton.gemv import linear, silu_and_mul_linear  # noqa: E402
 from atom_core.ops.triton.gemv_config import GemvConfig, default_config, get_config  # noqa: E402
+from atom_core.ops.triton.plugin import triton_ops  # noqa: E402
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -166,3 +170,71 @@ def test_shipped_table_is_well_formed():
 
 def test_registered_as_linear():
     assert resolve_op("linear", "cpu") is F.linear
+
+
+# silu_and_mul_linear: x is gate | up, 2 * KG wide, KG off every block size.
+KG = 777
+
+
+def gated_config(split_k: int) -> GemvConfig:
+    return GemvConfig(BLOCK_N=16, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=2)
+
+
+def no_kernel(*args, **kwargs):
+    raise AssertionError("the kernel ran on a call it does not serve")
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_silu_and_mul_linear_matches_native(m, split_k, has_bias):
+    x, w = rand(m, 2 * KG), rand(N, KG, seed=1)
+    b = rand(N, seed=2) if has_bias else None
+    config = gated_config(split_k)
+    out = silu_and_mul_linear(x, w, b, config=config)
+    assert out.shape == (m, N)
+    assert rel_err(out, native_act.silu_and_mul_linear(x, w, b)) < tolerance(torch.float32)
+    assert torch.equal(out, linear(silu_and_mul(x), w, b, config=config))
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_silu_and_mul_linear_is_bitwise_the_unfused_path(m):
+    # Half precision too: silu and the product are each rounded to the model dtype, as
+    # silu_and_mul rounds them, or the bits differ.
+    for dtype in dtypes_for(m):
+        x, w = rand(m, 2 * KG, dtype=dtype), rand(N, KG, dtype=dtype, seed=1)
+        b = rand(N, dtype=dtype, seed=2)
+        config = gated_config(4)
+        out = silu_and_mul_linear(x, w, b, config=config)
+        assert torch.equal(out, linear(silu_and_mul(x), w, b, config=config)), dtype
+
+
+def test_silu_and_mul_linear_strided_and_3d_input():
+    w, b = rand(N, KG, seed=1), rand(N, seed=2)
+    # Rows of a wider tensor: the up half is K past the gate in a row, not a row stride on.
+    x = rand(4, 3 * KG)[:, : 2 * KG]
+    out = silu_and_mul_linear(x, w, b, config=gated_config(1))
+    assert rel_err(out, native_act.silu_and_mul_linear(x, w, b)) < tolerance(torch.float32)
+    x = rand(2, 3, 2 * KG, seed=3)
+    out = silu_and_mul_linear(x, w, b)  # the default config
+    assert out.shape == (2, 3, N)
+    assert rel_err(out, native_act.silu_and_mul_linear(x, w, b)) < tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("case", ["many-rows", "cublas-bucket"])
+def test_silu_and_mul_linear_falls_back_to_two_ops(case, monkeypatch):
+    m = gemv.MAX_ROWS + 1 if case == "many-rows" else 2
+    x, w, b = rand(m, 2 * KG), rand(N, KG, seed=1), rand(N, seed=2)
+    if case == "cublas-bucket":
+        monkeypatch.setattr(gemv, "get_config", lambda *args: None)
+    else:
+        assert not gemv.supported(x, w, b, gated=True)
+    monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+    out = silu_and_mul_linear(x, w, b)
+    assert torch.equal(out, F.linear(silu_and_mul(x), w, b))
+    assert rel_err(out, native_act.silu_and_mul_linear(x, w, b)) < tolerance(torch.float32)
+
+
+def test_silu_and_mul_linear_registered():
+    assert resolve_op("silu_and_mul_linear", "cpu") is native_act.silu_and_mul_linear
+    assert triton_ops()["silu_and_mul_linear"] is silu_and_mul_linear

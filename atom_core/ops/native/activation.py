@@ -10,3 +10,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :d]) * x[..., d:] for x of last dimension 2d."""
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+def silu_and_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The gated MLP's activation and down projection: ``F.linear(silu_and_mul(x), weight,
+    bias)`` for x of last dimension 2K and weight [N, K]."""
+    return F.linear(silu_and_mul(x), weight, bias)

@@ -17,6 +17,12 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
   second kernel sums in a fixed order, casts and biases: bitwise reproducible, unlike
   atomics, and graph-capturable (shapes decide everything, buffers are ``torch.empty``).
 
+``silu_and_mul_linear`` is the gated MLP's down projection with the activation fused in
+(GATED): x is the gate_up output [M, 2K], and each x tile is formed as silu(gate) * up while
+it is loaded, rounded exactly as ``silu_and_mul`` (activation.py) rounds it, so the result is
+bitwise the unfused ``linear(silu_and_mul(x), w)`` and a decode step has one kernel fewer a
+layer.
+
 Block sizes, and whether to call cuBLAS instead, come from ``gemv_config.get_config``.
 """
 
@@ -29,6 +35,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.activation import silu_and_mul
 from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
@@ -36,10 +43,27 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
+def _load_x(ptrs, mask, K, GATED: tl.constexpr):
+    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on.
+    Masked-out entries are 0 either way (silu(0) * 0)."""
+    if GATED:
+        g = tl.load(ptrs, mask=mask, other=0.0)
+        u = tl.load(ptrs + K, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        # _silu_and_mul_kernel's rounding, step for step: silu rounded to the model dtype,
+        # the product in fp32 rounded again.
+        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+        return (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -61,12 +85,12 @@ def _gemv_kernel(
     if BLOCK_M == 1:
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
-        a = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+        a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
         acc2 = w0.to(tl.float32) * a[None, :]
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = tl.load(x_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)
+            a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
             acc2 += w * a[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]
@@ -75,17 +99,13 @@ def _gemv_kernel(
         # loads still vectorize.
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
-        a = tl.load(
-            x_ptr + rows[:, None] * x_stride + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-        )
+        x_rows = x_ptr + rows[:, None] * x_stride
+        a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, GATED)
         acc = tl.dot(a, w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = tl.load(
-                x_ptr + rows[:, None] * x_stride + kk[None, :],
-                mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-            )
+            a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, GATED)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
             acc = tl.dot(a, w_t, acc, input_precision=PRECISION)
     mask = row_ok[:, None] & col_ok[None, :]
@@ -123,14 +143,17 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``)."""
+def supported(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gated: bool = False
+) -> bool:
+    """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``);
+    ``gated``: x holds gate | up, twice weight's K wide (``silu_and_mul_linear``)."""
     if x.dim() == 0 or x.shape[-1] == 0:
         return False
     return (
         0 < x.numel() // x.shape[-1] <= MAX_ROWS
         and weight.dim() == 2
-        and weight.shape[1] == x.shape[-1]
+        and weight.shape[1] * (2 if gated else 1) == x.shape[-1]
         and weight.is_contiguous()
         and weight.dtype in DTYPES
         and x.dtype == weight.dtype
@@ -138,21 +161,19 @@ def supported(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     )
 
 
-def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
-) -> torch.Tensor:
-    """x @ weight.T + bias; ``config`` overrides the table's block sizes (for tuning)."""
-    if not supported(x, weight, bias):
-        return F.linear(x, weight, bias)
+def _launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool
+) -> torch.Tensor | None:
+    """The kernel's product for a ``supported`` call, or None where the table says cuBLAS."""
     n, k = weight.shape
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     if config is None:
         config = get_config(m, n, k, weight.element_size(), _num_sms(weight.device))
         if config is None:  # measured: cuBLAS is at least as fast for this shape
-            return F.linear(x, weight, bias)
+            return None
     block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     # Each split covers whole BLOCK_K chunks, so no chunk straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
@@ -165,7 +186,7 @@ def linear(
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
         BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
+        GATED=gated, num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
@@ -173,3 +194,21 @@ def linear(
             part, bias if has_bias else weight, out, m, n, SPLIT_K=split_k, HAS_BIAS=has_bias, BLOCK=block, **pdl,
         )
     return out.view(*x.shape[:-1], n)
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """x @ weight.T + bias; ``config`` overrides the table's block sizes (for tuning)."""
+    out = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
+    return F.linear(x, weight, bias) if out is None else out
+
+
+def silu_and_mul_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
+) -> torch.Tensor:
+    """``linear(silu_and_mul(x), weight, bias)``, x [..., 2K] (gate | up) and weight [N, K]:
+    one kernel where the GEMV serves the shape (the same config and bits as the two), else
+    the two ops."""
+    out = _launch(x, weight, bias, config, gated=True) if supported(x, weight, bias, gated=True) else None
+    return linear(silu_and_mul(x), weight, bias) if out is None else out
