@@ -13,15 +13,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core.layers.activation import SiluAndMul
+from atom_core.layers.context import get_build_context
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from atom_core.layers.model_api import load_hf_weights
 from atom_core.layers.norm import RMSNorm
+from atom_core.ops import resolve_op
 
 
 class GatedMLP(nn.Module):
-    """down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up fused in one GEMM."""
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up fused in one GEMM, and the
+    activation fused into the down projection (the ``silu_and_mul_linear`` op, one kernel
+    fewer a layer at decode); ``down_proj`` holds the weights and is not called itself."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, hidden_act: str = "silu") -> None:
         super().__init__()
@@ -29,10 +32,13 @@ class GatedMLP(nn.Module):
             raise ValueError(f"hidden_act={hidden_act!r} is not supported (only silu)")
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
-        self.act_fn = SiluAndMul()
+        self._silu_and_mul_linear = resolve_op("silu_and_mul_linear", get_build_context().device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        down = self.down_proj
+        # As RowParallelLinear.forward: with TP > 1 only rank 0 adds the bias.
+        bias = down.bias if down.tp_rank == 0 else None
+        return self._silu_and_mul_linear(self.gate_up_proj(x), down.weight, bias)
 
 
 class DecoderLayer(nn.Module):

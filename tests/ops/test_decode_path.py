@@ -43,6 +43,7 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere):
     assert engine.runner.attention_backend_name == "triton"
     layer = engine.runner.model.model.layers[0]
     assert "triton" in layer.input_layernorm._rms_norm.__module__
+    assert "triton" in layer.mlp._silu_and_mul_linear.__module__  # the fused down projection
     engine.runner.fast_decode = True
     engine.runner._setup_fast_decode()
     calls = []
