@@ -144,3 +144,14 @@ def test_silu_and_mul_linear_is_bitwise_the_unfused_pair(shape, m):
 
 def test_silu_and_mul_linear_registered_for_cuda():
     assert resolve_op("silu_and_mul_linear", "cuda") is silu_and_mul_linear
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("experts", [128, 64])  # Qwen3-30B-A3B's and DeepSeek-V2-Lite's routers
+def test_fp32_router_weight_promotes_x(experts, x_dtype):
+    w = weight(experts, 2048, torch.float32)
+    for m in range(1, MAX_ROWS + 1):
+        x = rand(m, 2048, dtype=x_dtype, seed=m)
+        got = linear(x, w)
+        assert got.dtype == torch.float32
+        assert rel_err(got, F.linear(x.float(), w)) < tolerance(torch.float32), m

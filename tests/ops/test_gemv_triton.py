@@ -100,8 +100,8 @@ def test_falls_back_to_f_linear(case, monkeypatch):
     x, w, b = rand(gemv.MAX_ROWS + 1, K), rand(N, K, seed=1), rand(N, seed=2)
     if case == "strided-weight":
         x, w = x[:2], rand(K, N, seed=1).t()
-    elif case == "dtype-mismatch":
-        x, b = x[:2].half(), None
+    elif case == "dtype-mismatch":  # only an fp32 weight takes another x dtype
+        x, w, b = x[:2], w.half(), None
     elif case == "no-rows":
         x = x[:0]
     elif case == "int":
@@ -112,11 +112,21 @@ def test_falls_back_to_f_linear(case, monkeypatch):
         raise AssertionError("the kernel ran on a shape it does not serve")
 
     monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
-    if case == "dtype-mismatch":  # F.linear's own error, not a kernel's garbage
-        with pytest.raises(RuntimeError, match="dtype"):
-            linear(x, w, b)
-        return
-    assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+    assert torch.equal(linear(x, w, b), F.linear(x.to(w.dtype), w, b))
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_fp32_weight_promotes_a_half_precision_x(m, x_dtype):
+    # The MoE router: fp32 weight, model-dtype hidden states, fp32 logits in one kernel.
+    x, w = rand(m, K, dtype=x_dtype, seed=m), rand(N, K, seed=1)
+    assert gemv.supported(x, w, None)
+    for config in (SMALL, SPLIT):
+        got = linear(x, w, config=config)
+        assert got.dtype == torch.float32
+        assert rel_err(got, F.linear(x.float(), w)) < tolerance(torch.float32)
+    native = resolve_op("linear", "cpu")
+    assert torch.equal(native(x.cpu(), w.cpu()), F.linear(x.cpu().float(), w.cpu()))
 
 
 def test_default_config_fills_the_gpu():
@@ -171,7 +181,9 @@ def test_shipped_table_is_well_formed():
 
 
 def test_registered_as_linear():
-    assert resolve_op("linear", "cpu") is F.linear
+    from atom_core.ops.native.linear import linear as native_linear
+
+    assert resolve_op("linear", "cpu") is native_linear
 
 
 # silu_and_mul_linear: x is gate | up, 2 * KG wide, KG off every block size.

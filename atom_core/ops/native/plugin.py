@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul, silu_and_mul_linear
+from atom_core.ops.native.linear import linear
 from atom_core.ops.native.moe import fused_moe, select_experts
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
@@ -19,7 +18,7 @@ NATIVE_OPS = {
     "fused_moe": fused_moe,
     "moe_select_experts": select_experts,
     "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
-    "linear": F.linear,  # cuBLAS / the CPU BLAS: nothing to add on top
+    "linear": linear,
     "silu_and_mul_linear": silu_and_mul_linear,
 }
 

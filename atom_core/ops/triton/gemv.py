@@ -101,13 +101,13 @@ def _gemv_kernel(
         pdl_wait(PDL)
         x_rows = x_ptr + rows[:, None] * x_stride
         a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, GATED)
-        acc = tl.dot(a, w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
+        acc = tl.dot(a.to(w_t.dtype), w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, GATED)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a, w_t, acc, input_precision=PRECISION)
+            acc = tl.dot(a.to(w_t.dtype), w_t, acc, input_precision=PRECISION)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
@@ -156,7 +156,8 @@ def supported(
         and weight.shape[1] * (2 if gated else 1) == x.shape[-1]
         and weight.is_contiguous()
         and weight.dtype in DTYPES
-        and x.dtype == weight.dtype
+        # An fp32 weight (the MoE router's) takes a half-precision x, promoted as it loads.
+        and (x.dtype == weight.dtype or (weight.dtype == torch.float32 and x.dtype in DTYPES and not gated))
         and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous()))
     )
 
@@ -178,14 +179,14 @@ def _launch(
     # Each split covers whole BLOCK_K chunks, so no chunk straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # drops splits that would start past K
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
     pdl = pdl_options(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
-        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         GATED=gated, num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:
@@ -199,9 +200,10 @@ def _launch(
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
 ) -> torch.Tensor:
-    """x @ weight.T + bias; ``config`` overrides the table's block sizes (for tuning)."""
+    """x @ weight.T + bias, x promoted to weight's dtype; ``config`` overrides the table's
+    block sizes (for tuning)."""
     out = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
-    return F.linear(x, weight, bias) if out is None else out
+    return F.linear(x.to(weight.dtype), weight, bias) if out is None else out
 
 
 def silu_and_mul_linear(
