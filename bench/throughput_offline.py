@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from atom_core.config import SchedulerConfig
+
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_latency import hf_generate  # noqa: E402
 from gpu_models import (  # noqa: E402
@@ -238,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=1024)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs, help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run steady decode one step ahead (the engine's default)")
