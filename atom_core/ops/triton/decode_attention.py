@@ -176,6 +176,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int,
     seq_idx: torch.Tensor | None = None,  # only these sequences (a mixed batch's decodes)
+    tile: tuple[int, int, int] | None = None,  # (BLOCK_N, num_warps, num_stages): tuning only
 ) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -193,6 +194,7 @@ def paged_decode_attention(
     else:
         po = plse = counters = out  # unused: one split writes the output directly
     idx = seq_idx if seq_idx is not None else seq_lens
+    block_n, num_warps, num_stages = tile or (32 if q.dtype == torch.float32 else 64, 4, 2)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, q.stride(0), q.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -200,7 +202,7 @@ def paged_decode_attention(
         out, out.stride(0), out.stride(1), po, plse, counters,
         scale, block_size, head_dim,
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=32 if q.dtype == torch.float32 else 64, BLOCK_D=block_d,
+        BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
-        PRECISION=precision, num_warps=4, num_stages=2, **pdl_options(q.device),
+        PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )

@@ -1,0 +1,105 @@
+"""Paged decode attention (ops/triton/decode_attention.py) over its launch space (GPU).
+
+For the models' decode shapes, each KV split count and tile (BLOCK_N, warps, stages) is
+timed as a CUDA graph of LAYERS back-to-back calls, each on its own KV cache (as a model's
+layers are, so small caches do not all sit in L2), against the roofline: the KV bytes read
+over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
+
+    python bench/decode_attention.py [--json bench/results/decode_attention.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+import torch
+
+from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
+
+COPY_BW = 4.27e12
+LAYERS = 8
+BLOCK_SIZE = 16
+# name: (batch, context, q heads, kv heads); head_dim 128, bf16
+SHAPES = {
+    "qwen3-0.6b bs1 ctx576": (1, 576, 16, 8),
+    "qwen3-8b bs1 ctx576": (1, 576, 32, 8),
+    "qwen3-8b bs32 ctx640": (32, 640, 32, 8),
+    "qwen3-8b bs32 ctx2048": (32, 2048, 32, 8),
+    "qwen3-30b-a3b bs32 ctx640": (32, 640, 32, 4),
+    "qwen3-8b bs256 ctx1100": (256, 1100, 32, 8),
+}
+SPLITS = [1, 2, 4, 8, 16, 32]
+TILES = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2)]
+DEFAULT_TILE = (64, 4, 2)
+
+
+def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int):
+    blocks_per_seq = -(-ctx // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq
+    caches = [torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+              for _ in range(LAYERS)]
+    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, blocks_per_seq)
+    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
+    q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    return caches, tables, seq_lens, qsl, q, out
+
+
+def run(inputs, splits: int, tile) -> None:
+    caches, tables, seq_lens, qsl, q, out = inputs
+    for cache in caches:
+        paged_decode_attention(q, cache, tables, seq_lens, qsl, out, 128**-0.5, splits, tile=tile)
+
+
+def time_graph(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    start.record()
+    for _ in range(reps):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps / LAYERS * 1000  # us per call
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default="bench/results/decode_attention.json")
+    args = p.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = {}
+    for name, (batch, ctx, heads, kv_heads) in SHAPES.items():
+        inputs = make_inputs(batch, ctx, heads, kv_heads)
+        roofline = batch * ctx * kv_heads * 128 * 2 * 2 / COPY_BW * 1e6
+        chosen = num_kv_splits(batch, kv_heads, sms)
+        run(inputs, chosen, DEFAULT_TILE)
+        ref = inputs[-1].float().clone()
+        rows = []
+        for splits in SPLITS:
+            for tile in TILES:
+                us = time_graph(functools.partial(run, inputs, splits, tile))
+                err = (inputs[-1].float() - ref).abs().max().item()
+                rows.append({"splits": splits, "tile": tile, "us": us, "max_abs_diff": err})
+        best = min(rows, key=lambda r: r["us"])
+        default = next(r for r in rows if r["splits"] == chosen and tuple(r["tile"]) == DEFAULT_TILE)
+        results[name] = {"roofline_us": roofline, "default": default, "best": best, "all": rows}
+        print(f"{name:28s} roofline {roofline:6.2f} us | today (splits {chosen}, tile {DEFAULT_TILE}) "
+              f"{default['us']:6.2f} us | best (splits {best['splits']}, tile {tuple(best['tile'])}) "
+              f"{best['us']:6.2f} us | max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
