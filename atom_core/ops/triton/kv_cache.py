@@ -11,8 +11,7 @@ from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 @triton.jit
 def _write_kv_kernel(k_ptr, k_stride, v_ptr, v_stride, cache_ptr, v_offset, slot_ptr, width,
-    PDL: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)

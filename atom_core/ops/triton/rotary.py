@@ -41,8 +41,7 @@ def _rotate_heads(src, src_stride, dst, cs_ptr, tok, heads, head_size, rot_dim,
 @triton.jit
 def _rotary_kernel(pos_ptr, q_ptr, q_stride, k_ptr, k_stride, q_out, k_out, cs_ptr, cs_stride,
                    q_heads, k_heads, head_size, rot_dim, IS_NEOX: tl.constexpr,
-    PDL: tl.constexpr,
-                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
