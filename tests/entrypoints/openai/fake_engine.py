@@ -1,6 +1,7 @@
-"""A scripted EngineClientAPI (one delta per token of a fixed reply) and a small FastAPI app
-with the chat and completions handlers on it: the scaffolding of test_serving_chat.py and
-test_serving_completion.py."""
+"""A scripted EngineClientAPI (one delta per token of a fixed reply, with logprobs, seeds,
+aborts and engine errors) and the SSE/error checks of test_serving_chat.py and
+test_serving_completion.py. scripted_engine.py is its sibling for text-level scripts
+(character chunks, stop strings: the tool-call and reasoning parsers' tests)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,8 @@ import json
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
 
 from atom_core.engine.sequence import Logprob
-from atom_core.entrypoints.openai.errors_http import install_error_handlers
-from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
-from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
 from atom_core.sampling_params import SamplingParams
 from tests.tiny_tokenizer import tiny_tokenizer
@@ -111,34 +106,6 @@ class FakeEngineClient:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
-
-
-def make_app(engine: FakeEngineClient) -> FastAPI:
-    app = FastAPI()
-    install_error_handlers(app)
-    chat, completion = OpenAIServingChat(engine), OpenAIServingCompletion(engine)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        return await chat.create(request, raw_request)
-
-    @app.post("/v1/completions")
-    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
-        return await completion.create(request, raw_request)
-
-    return app
-
-
-def post(engine: FakeEngineClient, path: str, body: dict[str, Any] | bytes) -> httpx.Response:
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(make_app(engine), raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            if isinstance(body, bytes):
-                headers = {"content-type": "application/json"}
-                return await client.post(path, content=body, headers=headers)
-            return await client.post(path, json=body)
-
-    return asyncio.run(go())
 
 
 def sse_events(response: httpx.Response) -> list[Any]:

@@ -1,5 +1,5 @@
-"""A fake EngineClientAPI that replies with a given text in chunks of ``chunk`` characters,
-and a small FastAPI app with the chat and messages handlers on it (no engine process).
+"""A fake EngineClientAPI that replies with a given text in chunks of ``chunk`` characters
+(asgi_app.py serves it; fake_engine.py is the token-level sibling).
 
 Stop strings are applied the way EngineClient applies them (cut before the string,
 ``stop_reason`` = the string), and ``max_tokens`` counts chunks, so finish reasons behave.
@@ -8,16 +8,7 @@ Stop strings are applied the way EngineClient applies them (cut before the strin
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
-
-from atom_core.entrypoints.openai.errors_http import install_error_handlers
-from atom_core.entrypoints.openai.protocol import ChatCompletionRequest
-from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
-from atom_core.entrypoints.openai.serving_messages import AnthropicServingMessages
 from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
 from atom_core.sampling_params import SamplingParams
 from tests.tiny_tokenizer import tiny_tokenizer
@@ -70,34 +61,3 @@ class ScriptedEngine:
 
     async def abort(self, request_id: str) -> None:
         pass
-
-
-def make_app(engine: ScriptedEngine, **chat_kw: Any) -> FastAPI:
-    app = FastAPI()
-    install_error_handlers(app)
-    chat = OpenAIServingChat(engine, **chat_kw)
-    messages = AnthropicServingMessages(chat)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        return await chat.create(request, raw_request)
-
-    @app.post("/v1/messages")
-    async def anthropic_messages(raw_request: Request) -> Response:
-        return await messages.handle(raw_request)
-
-    return app
-
-
-def async_client(app: FastAPI) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
-
-
-def post(app: FastAPI, path: str, body: dict[str, Any] | bytes) -> httpx.Response:
-    async def go() -> httpx.Response:
-        async with async_client(app) as client:
-            if isinstance(body, bytes):
-                return await client.post(path, content=body, headers={"content-type": "application/json"})
-            return await client.post(path, json=body)
-
-    return asyncio.run(go())

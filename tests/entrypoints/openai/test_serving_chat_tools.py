@@ -17,12 +17,10 @@ from atom_core.entrypoints.openai.serving_chat import (
     effective_tool_choice,
 )
 from atom_core.errors import ConfigError, InvalidRequestError
+from tests.entrypoints.openai.asgi_app import async_client, make_app, post
 from tests.entrypoints.openai.scripted_engine import (
     MODEL,
     ScriptedEngine,
-    async_client,
-    make_app,
-    post,
 )
 from tests.entrypoints.shared_templates import template_path
 from tests.tiny_tokenizer import CHAT_TEMPLATE

@@ -17,11 +17,10 @@ from atom_core.entrypoints.openai.tool_parser.events import (
     ToolCallArguments,
     ToolCallStart,
 )
+from tests.entrypoints.openai.asgi_app import make_app, post
 from tests.entrypoints.openai.scripted_engine import (
     MODEL,
     ScriptedEngine,
-    make_app,
-    post,
 )
 from tests.entrypoints.shared_templates import template_path
 from tests.tiny_tokenizer import CHAT_TEMPLATE
