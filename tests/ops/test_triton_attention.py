@@ -125,6 +125,16 @@ def test_decode_kernel_back_to_back_calls(num_splits):
     check_decode(q, cache, meta, num_splits)
 
 
+def test_split_rule():
+    # The attention backend aims at ~4 programs per SM (bench/decode_attention.py); MLA keeps
+    # 2. A power of two, at most 32, 1 once the unsplit grid is ~2 programs per SM.
+    rule = decode_attention.num_kv_splits
+    assert [rule(b, 8, 132, waves=4) for b in (1, 4, 16, 32, 33, 64, 256)] == [32, 16, 4, 2, 1, 1, 1]
+    assert rule(32, 4, 132, waves=4) == 4  # Qwen3-30B-A3B's 4 kv heads
+    assert [rule(b, 8, 132) for b in (1, 4, 16, 17, 32)] == [32, 8, 2, 1, 1]
+    assert rule(0, 8, 132) == 32  # no sequences: the grid is empty anyway
+
+
 def test_decode_kernel_bitwise_repeatable():
     q, cache, meta = decode_inputs([90, 1, 0], 4, 1, 16, 8, torch.float32, seed=3)
     first = check_decode(q, cache, meta, 8)
