@@ -1,7 +1,7 @@
 """Paged decode attention (ops/triton/decode_attention.py) over its launch space (GPU).
 
 For the models' decode shapes, each KV split count and tile (BLOCK_N, warps, stages) is
-timed as a CUDA graph of LAYERS back-to-back calls, each on its own KV cache (as a model's
+timed as a CUDA graph of LAYERS back-to-back calls (median replay), each on its own KV cache (as a model's
 layers are, so small caches do not all sit in L2), against the roofline: the KV bytes read
 over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
 
@@ -13,10 +13,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
+from pathlib import Path
 
 import torch
 
 from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_timing import graph_us  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -48,27 +53,11 @@ def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int):
     return caches, tables, seq_lens, qsl, q, out
 
 
-def run(inputs, splits: int, tile) -> None:
+def calls(inputs, splits: int, tile) -> list:
+    """One call a layer, each on its own cache."""
     caches, tables, seq_lens, qsl, q, out = inputs
-    for cache in caches:
-        paged_decode_attention(q, cache, tables, seq_lens, qsl, out, 128**-0.5, splits, tile=tile)
-
-
-def time_graph(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps / LAYERS * 1000  # us per call
+    return [functools.partial(paged_decode_attention, q, cache, tables, seq_lens, qsl, out, 128**-0.5, splits,
+                              tile=tile) for cache in caches]
 
 
 def main() -> None:
@@ -81,12 +70,13 @@ def main() -> None:
         inputs = make_inputs(batch, ctx, heads, kv_heads)
         roofline = batch * ctx * kv_heads * 128 * 2 * 2 / COPY_BW * 1e6
         chosen = num_kv_splits(batch, kv_heads, sms)
-        run(inputs, chosen, DEFAULT_TILE)
+        for call in calls(inputs, chosen, DEFAULT_TILE):
+            call()
         ref = inputs[-1].float().clone()
         rows = []
         for splits in SPLITS:
             for tile in TILES:
-                us = time_graph(functools.partial(run, inputs, splits, tile))
+                us = graph_us(calls(inputs, splits, tile), replays=20)
                 err = (inputs[-1].float() - ref).abs().max().item()
                 rows.append({"splits": splits, "tile": tile, "us": us, "max_abs_diff": err})
         best = min(rows, key=lambda r: r["us"])

@@ -33,6 +33,9 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from gpu_timing import graph_us  # noqa: E402
+
 from atom_core.ops.triton.gemv import linear  # noqa: E402
 from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, get_config  # noqa: E402
 
@@ -169,31 +172,6 @@ def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[s
 # --- the GPU side ---------------------------------------------------------------------------
 
 
-def graph_us(fns: list[Callable[[], Any]], replays: int = 7) -> float:
-    """Microseconds per call of ``fns`` run back to back in one CUDA graph (median replay)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for fn in fns[:2]:  # compile and warm outside the capture
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in fns:
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(fns))
-    del graph
-    return sorted(times)[len(times) // 2]
-
-
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     if not torch.isfinite(out).all():
@@ -266,7 +244,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench/gemv.py needs a CUDA GPU")
-    sys.path.insert(0, str(ROOT / "bench"))
     from gpu_models import copy_bandwidth, machine
 
     dtype = DTYPES[args.dtype]

@@ -14,11 +14,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_timing import graph_us  # noqa: E402
 
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # (N, K) per layer
 LAYERS = 28
@@ -62,29 +67,6 @@ def chain(ws, ys, x, mode: int, pdl: bool) -> None:
             x = y
 
 
-def time_graph(fn, reps: int = 50) -> float:
-    fn()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(5):
-        g.replay()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    g.replay()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps * 1000
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="bench/results/session3/pdl_chain.json")
@@ -96,7 +78,7 @@ def main() -> None:
     results, ref = {}, None
     for name, mode, pdl in [("cublas", -1, False), ("triton", 0, False), ("triton_pdl_wait_first", 1, True),
                             ("triton_pdl_weights_first", 2, True), ("triton_weights_first_no_pdl", 2, False)]:
-        us = time_graph(functools.partial(chain, ws, ys, x0, mode, pdl))
+        us = graph_us([functools.partial(chain, ws, ys, x0, mode, pdl)], replays=50)
         out = ys[-1].float().clone()
         ref = out if ref is None else ref
         results[name] = {"us_per_chain": us, "us_per_kernel": us / (LAYERS * len(SHAPES)),
