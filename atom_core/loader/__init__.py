@@ -65,8 +65,12 @@ def architecture(hf_config: PretrainedConfig) -> str:
     return ARCH_BY_MODEL_TYPE.get(getattr(hf_config, "model_type", ""), "<none>")
 
 
-def build_model(hf_config: PretrainedConfig, device: torch.device | str, dtype: torch.dtype) -> nn.Module:
-    """Construct the registered class for the config's architecture on ``device`` in ``dtype``."""
+def build_model(
+    hf_config: PretrainedConfig, device: torch.device | str, dtype: torch.dtype, *, meta: bool = False
+) -> nn.Module:
+    """Construct the registered class for the config's architecture on ``device`` in ``dtype``;
+    ``meta``: its parameters on the meta device instead (sizes only, no memory), ops still
+    resolved for ``device``."""
     registry = get_registries().architectures
     arch = architecture(hf_config)
     if arch not in registry:
@@ -78,7 +82,7 @@ def build_model(hf_config: PretrainedConfig, device: torch.device | str, dtype: 
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device), build_context(BuildContext(device, dtype)):
+        with torch.device("meta" if meta else device), build_context(BuildContext(device, dtype)):
             model = registry.get(arch)(hf_config)
     finally:
         torch.set_default_dtype(previous)

@@ -6,11 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from atom_core.layers.context import BuildContext, build_context
 from atom_core.layers.moe import FusedMoE
-from atom_core.loader import architecture, hf_dir
+from atom_core.loader import architecture, build_model, hf_dir
 from atom_core.loader.dummy import init_dummy_weights
-from atom_core.plugins import get_registries
 
 CONFIGS = Path(__file__).resolve().parents[3] / "bench" / "configs"
 
@@ -18,13 +16,7 @@ CONFIGS = Path(__file__).resolve().parents[3] / "bench" / "configs"
 def build_on_meta(name: str):
     """What load_model builds, with parameters on the meta device (ops resolved for CPU)."""
     cfg = hf_dir.load_config(CONFIGS / name)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("meta"), build_context(BuildContext(torch.device("cpu"), torch.bfloat16)):
-            return cfg, get_registries().architectures.get(architecture(cfg))(cfg)
-    finally:
-        torch.set_default_dtype(previous)
+    return cfg, build_model(cfg, "cpu", torch.bfloat16, meta=True)
 
 
 @pytest.mark.parametrize(
