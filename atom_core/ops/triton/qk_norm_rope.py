@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+from atom_core.ops.triton.rotary import rope_pairs
 
 
 @triton.jit
@@ -26,17 +27,9 @@ def _norm_rope_heads(src, src_stride, w_ptr, eps, dst, cs_ptr, tok, heads, head_
     # Round the norm to the model dtype, as the unfused path stores it, before rotating.
     n = (x * rstd[:, None] * w[None, :]).to(dst.dtype.element_ty).to(tl.float32)
     half = rot_dim // 2
-    # Element d pairs with partner p(d): out[d] = n[d] * cos + sign * n[p] * sin (see
-    # triton/rotary.py). The partner is re-read and normed with its own weight and the
-    # head's rstd, so no cross-lane shuffle is needed.
-    if IS_NEOX:
-        first = d < half
-        partner = tl.where(first, d + half, d - half)
-        freq = tl.where(first, d, d - half)
-    else:
-        first = (d % 2) == 0
-        partner = tl.where(first, d + 1, d - 1)
-        freq = d // 2
+    # The partner element is re-read and normed with its own weight and the head's rstd, so
+    # no cross-lane shuffle is needed.
+    first, partner, freq = rope_pairs(d, rot_dim, IS_NEOX)
     rot = d < rot_dim
     pmask = mask & rot[None, :]
     xp = tl.load(base + partner[None, :], mask=pmask, other=0.0).to(tl.float32)

@@ -10,16 +10,11 @@ from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
-def _rotate_heads(src, src_stride, dst, cs_ptr, tok, heads, head_size, rot_dim,
-                  IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    mask = (h[:, None] < heads) & (d[None, :] < head_size)
-    base = src + tok * src_stride + h[:, None] * head_size
-    x = tl.load(base + d[None, :], mask=mask, other=0.0).to(tl.float32)
+def rope_pairs(d, rot_dim, IS_NEOX: tl.constexpr):
+    """(first, partner, freq) of head element d: out[d] = x[d] * cos[freq] + sign * x[partner]
+    * sin[freq], sign -1 for the first of a pair; that is exactly (x1 cos - x2 sin, x2 cos +
+    x1 sin) of the native op. NeoX pairs d with d + rot_dim / 2, GPT-J with its neighbour."""
     half = rot_dim // 2
-    # Element d pairs with partner p(d); out[d] = x[d] * cos + sign * x[p] * sin, which is
-    # exactly (x1 cos - x2 sin, x2 cos + x1 sin) of the native op.
     if IS_NEOX:
         first = d < half
         partner = tl.where(first, d + half, d - half)
@@ -28,6 +23,19 @@ def _rotate_heads(src, src_stride, dst, cs_ptr, tok, heads, head_size, rot_dim,
         first = (d % 2) == 0
         partner = tl.where(first, d + 1, d - 1)
         freq = d // 2
+    return first, partner, freq
+
+
+@triton.jit
+def _rotate_heads(src, src_stride, dst, cs_ptr, tok, heads, head_size, rot_dim,
+                  IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (h[:, None] < heads) & (d[None, :] < head_size)
+    base = src + tok * src_stride + h[:, None] * head_size
+    x = tl.load(base + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    half = rot_dim // 2
+    first, partner, freq = rope_pairs(d, rot_dim, IS_NEOX)
     rot = d < rot_dim
     xp = tl.load(base + partner[None, :], mask=mask & rot[None, :], other=0.0).to(tl.float32)
     cos = tl.load(cs_ptr + freq, mask=rot, other=1.0)
