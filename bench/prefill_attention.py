@@ -1,5 +1,5 @@
-"""Paged prefill/extend attention on one GPU: the Triton kernel vs its previous version and
-torch's SDPA (flash backend) on the same data.
+"""Paged prefill/extend attention on one GPU: the Triton kernel vs torch's SDPA (flash
+backend) on the same data.
 
     python bench/prefill_attention.py [--models qwen3-8b qwen3-0.6b] [--cases 16x1024 ...]
         [--budget-ms 250] [--no-sweep] [--sweep-case qwen3-8b:4x4096]
@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from atom_core.ops.triton import prefill_attention as kernel_module  # noqa: E402
@@ -75,89 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if model not in MODELS or case not in CASES:
         p.error(f"--sweep-case {args.sweep_case!r}: want MODEL:CASE from {list(MODELS)} and {list(CASES)}")
     return args
-
-
-# --- Baseline: the prefill kernel as it was before the Hopper rework (as introduced in
-# commit 91d0916), kept here only to measure against. A program per (64-query tile, sequence,
-# query head), every KV tile masked, 4 warps, 2 stages.
-@triton.jit
-def _baseline_prefill_kernel(
-    q_ptr, q_stride_t, q_stride_h,
-    k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
-    bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
-    out_ptr, out_stride_t, out_stride_h,
-    sm_scale, block_size, head_dim,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    mblk = tl.program_id(0)
-    s = tl.load(seq_idx_ptr + tl.program_id(1))
-    h = tl.program_id(2)
-    q_start = tl.load(qsl_ptr + s)
-    q_len = tl.load(qsl_ptr + s + 1) - q_start
-    if mblk * BLOCK_M >= q_len:
-        return
-    seq_len = tl.load(seq_lens_ptr + s)
-    ctx = seq_len - q_len
-    kvh = h // GROUP
-
-    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    mmask = offs_m < q_len
-    dmask = offs_d < head_dim
-    rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * q_stride_t + h * q_stride_h + offs_d[None, :],
-                mask=mmask[:, None] & dmask[None, :], other=0.0)
-    q_pos = ctx + offs_m
-    qk_scale = sm_scale * 1.4426950408889634
-
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    bt_row = bt_ptr + s.to(tl.int64) * bt_stride
-    end = tl.minimum(seq_len, ctx + (mblk + 1) * BLOCK_M)
-    for n0 in range(0, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-        kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(qk - m_safe[:, None])
-        alpha = tl.exp2(m - m_safe)
-        l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
-
-    o = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
-    tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + offs_d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
-
-
-def baseline_prefill_attention(q, kv_cache, block_tables, seq_lens, query_start_loc, seq_idx,
-                               max_query_len, out, scale) -> None:
-    """The baseline's launcher, 16-bit path only (all this bench runs)."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    k_cache, v_cache = kv_cache[0], kv_cache[1]
-    grid = (triton.cdiv(max_query_len, 64), seq_idx.shape[0], num_heads)
-    _baseline_prefill_kernel[grid](
-        q, q.stride(0), q.stride(1),
-        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
-        out, out.stride(0), out.stride(1),
-        scale, block_size, head_dim,
-        GROUP=num_heads // num_kv_heads, BLOCK_M=64, BLOCK_N=64,
-        BLOCK_D=triton.next_power_of_2(max(head_dim, 16)), PRECISION="tf32",
-        num_warps=4, num_stages=2,
-    )
-# --- end of the baseline
 
 
 def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda") -> dict:
@@ -254,15 +170,13 @@ def max_abs_diff(kernel, args, ref: torch.Tensor) -> float:
 def run_case(model: str, case: str, budget_ms: float) -> dict:
     c, args, sdpa, peer, ref = prepared(model, case)
     row = {"model": model, "case": case, "peer": peer, "flops": c["flops"]}
-    for name, kernel in (("new", paged_prefill_attention), ("old", baseline_prefill_attention)):
-        row[f"{name}_max_abs_diff"] = max_abs_diff(kernel, args, ref)
-        row[f"{name}_ms"] = time_ms(lambda k=kernel: k(*args), budget_ms)
+    row["new_max_abs_diff"] = max_abs_diff(paged_prefill_attention, args, ref)
+    row["new_ms"] = time_ms(lambda: paged_prefill_attention(*args), budget_ms)
     row["sdpa_ms"] = time_ms(sdpa, budget_ms)
-    for name in ("new", "old", "sdpa"):
+    for name in ("new", "sdpa"):
         row[f"{name}_tflops"] = c["flops"] / row[f"{name}_ms"] / 1e9
-    row["new_vs_sdpa"] = row["sdpa_ms"] / row["new_ms"]  # > 1: the new kernel is faster
-    row["new_vs_old"] = row["old_ms"] / row["new_ms"]
-    row["ok"] = all(row[f"{n}_max_abs_diff"] <= MAX_ABS_DIFF for n in ("new", "old"))
+    row["new_vs_sdpa"] = row["sdpa_ms"] / row["new_ms"]  # > 1: the kernel is faster
+    row["ok"] = row["new_max_abs_diff"] <= MAX_ABS_DIFF
     return row
 
 
@@ -307,17 +221,17 @@ def main() -> int:
     info = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     print(f"{info['gpu']}  torch {info['torch']}  triton {info['triton']}  {DTYPE}, block size {BLOCK_SIZE}")
-    print(f"{'model':<11} {'case':<19} {'new ms':>8} {'old ms':>8} {'sdpa ms':>8} "
-          f"{'new TF/s':>8} {'old TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'vs old':>6} {'max|d|':>8}")
+    print(f"{'model':<11} {'case':<19} {'new ms':>8} {'sdpa ms':>8} "
+          f"{'new TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'max|d|':>8}")
     rows = []
     for model in args.models:
         for case in args.cases:
             r = run_case(model, case, args.budget_ms)
             rows.append(r)
-            flag = "" if r["ok"] else f"  MISMATCH (old {r['old_max_abs_diff']:.3g})"
-            print(f"{model:<11} {case:<19} {r['new_ms']:8.3f} {r['old_ms']:8.3f} {r['sdpa_ms']:8.3f} "
-                  f"{r['new_tflops']:8.1f} {r['old_tflops']:8.1f} {r['sdpa_tflops']:9.1f} "
-                  f"{r['new_vs_sdpa']:6.2f}x {r['new_vs_old']:5.2f}x {r['new_max_abs_diff']:8.2e}{flag}")
+            flag = "" if r["ok"] else "  MISMATCH"
+            print(f"{model:<11} {case:<19} {r['new_ms']:8.3f} {r['sdpa_ms']:8.3f} "
+                  f"{r['new_tflops']:8.1f} {r['sdpa_tflops']:9.1f} "
+                  f"{r['new_vs_sdpa']:6.2f}x {r['new_max_abs_diff']:8.2e}{flag}")
             torch.cuda.empty_cache()
     path = Path(args.json)
     write(path, info, rows, [])  # kept even if the sweep below dies
