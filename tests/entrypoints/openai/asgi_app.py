@@ -4,6 +4,7 @@ the handler tests drive their fake engines (fake_engine.py, scripted_engine.py) 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -56,3 +57,16 @@ def post(target: FastAPI | Any, path: str, body: dict[str, Any] | bytes) -> http
             return await client.post(path, json=body)
 
     return asyncio.run(go())
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The JSON of each data frame; the last entry is the string "[DONE]"."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    frames = response.content.split(b"\n\n")
+    assert frames[-1] == b""
+    out = []
+    for frame in frames[:-1]:
+        assert frame.startswith(b"data: ")
+        data = frame[6:]
+        out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return out

@@ -6,7 +6,6 @@ test_serving_completion.py. scripted_engine.py is its sibling for text-level scr
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import httpx
@@ -106,19 +105,6 @@ class FakeEngineClient:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
-
-
-def sse_events(response: httpx.Response) -> list[Any]:
-    """The JSON of each data frame; the last entry is the string "[DONE]"."""
-    assert response.headers["content-type"].startswith("text/event-stream")
-    frames = response.content.split(b"\n\n")
-    assert frames[-1] == b""
-    out = []
-    for frame in frames[:-1]:
-        assert frame.startswith(b"data: ")
-        data = frame[6:]
-        out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
-    return out
 
 
 def chat_stream_text(events: list[Any]) -> dict[int, str]:

@@ -13,14 +13,13 @@ import pytest
 from atom_core.entrypoints.openai.serving_engine import EngineJob, stream_deltas
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
-from tests.entrypoints.openai.asgi_app import make_app, post
+from tests.entrypoints.openai.asgi_app import make_app, post, sse_events
 from tests.entrypoints.openai.fake_engine import (
     MODEL,
     USER,
     FakeEngineClient,
     assert_error,
     chat_stream_text,
-    sse_events,
 )
 
 # ------------------------------------------------------------------------------ chat

@@ -17,7 +17,7 @@ from atom_core.entrypoints.openai.serving_chat import (
     effective_tool_choice,
 )
 from atom_core.errors import ConfigError, InvalidRequestError
-from tests.entrypoints.openai.asgi_app import async_client, make_app, post
+from tests.entrypoints.openai.asgi_app import async_client, make_app, post, sse_events
 from tests.entrypoints.openai.scripted_engine import (
     MODEL,
     ScriptedEngine,
@@ -49,17 +49,6 @@ def qwen3() -> str:
 
 def engine(qwen3: str, reply: str = REPLY, chunk: int = 3) -> ScriptedEngine:
     return ScriptedEngine(reply, chunk=chunk, chat_template=qwen3)
-
-
-def sse_data(response) -> list[Any]:
-    assert response.headers["content-type"].startswith("text/event-stream")
-    frames = response.content.split(b"\n\n")
-    assert frames[-1] == b""
-    out = []
-    for frame in frames[:-1]:
-        assert frame.startswith(b"data: ")
-        out.append("[DONE]" if frame == b"data: [DONE]" else json.loads(frame[6:]))
-    return out
 
 
 def accumulate(events: list[Any]) -> dict[str, Any]:
@@ -110,7 +99,7 @@ def test_stream_agrees_with_non_stream_byte_for_byte(qwen3, chunk):
     body = {"messages": USER, "tools": TOOLS}
     whole = full_message(qwen3, body, chunk=chunk)
     r = post(make_app(engine(qwen3, chunk=chunk)), "/v1/chat/completions", {**body, "stream": True})
-    events = sse_data(r)
+    events = sse_events(r)
     assert events[-1] == "[DONE]"
     got = accumulate(events)
     message = whole["message"]
@@ -136,7 +125,7 @@ def test_a_request_without_tools_reads_as_tool_choice_none(qwen3):
     assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
     assert EXPLANATION in choice["message"]["content"]
     assert "<tool_call>" not in choice["message"]["content"]  # the format is still read
-    events = sse_data(post(make_app(engine(qwen3)), "/v1/chat/completions", {"messages": USER, "stream": True}))
+    events = sse_events(post(make_app(engine(qwen3)), "/v1/chat/completions", {"messages": USER, "stream": True}))
     got = accumulate(events)
     assert got["calls"] == [] and got["content"] == choice["message"]["content"]
 
@@ -210,7 +199,7 @@ def test_without_a_template_switch_disabled_thinking_is_withheld(stream):
     body = {"messages": USER, "enable_thinking": False, "stream": stream}
     r = post(app, "/v1/chat/completions", body)
     if stream:
-        got = accumulate(sse_data(r))
+        got = accumulate(sse_events(r))
         assert (got["content"], got["reasoning"]) == ("The answer.", "")
     else:
         message = r.json()["choices"][0]["message"]

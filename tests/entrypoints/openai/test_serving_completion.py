@@ -6,12 +6,11 @@ from __future__ import annotations
 import pytest
 
 from atom_core.sampling_params import SamplingParams
-from tests.entrypoints.openai.asgi_app import post
+from tests.entrypoints.openai.asgi_app import post, sse_events
 from tests.entrypoints.openai.fake_engine import (
     MODEL,
     FakeEngineClient,
     assert_error,
-    sse_events,
 )
 
 # ----------------------------------------------------------------------- completions
