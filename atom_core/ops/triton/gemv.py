@@ -31,10 +31,10 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from atom_core.ops.native.linear import linear as native_linear
 from atom_core.ops.triton.activation import silu_and_mul
 from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
@@ -200,10 +200,10 @@ def _launch(
 def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
 ) -> torch.Tensor:
-    """x @ weight.T + bias, x promoted to weight's dtype; ``config`` overrides the table's
-    block sizes (for tuning)."""
+    """x @ weight.T + bias, an fp32 weight promoting x (the native op's contract);
+    ``config`` overrides the table's block sizes (for tuning)."""
     out = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
-    return F.linear(x.to(weight.dtype), weight, bias) if out is None else out
+    return native_linear(x, weight, bias) if out is None else out
 
 
 def silu_and_mul_linear(
