@@ -5,7 +5,9 @@ timed as a CUDA graph of LAYERS back-to-back calls (median replay), each on its 
 layers are, so small caches do not all sit in L2), against the roofline: the KV bytes read
 over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
 
-    python bench/decode_attention.py [--json bench/results/decode_attention.json]
+    python bench/decode_attention.py [--default-only] [--json bench/results/decode_attention.json]
+
+``--default-only`` times just what the op picks today (an A/B of kernel changes).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def calls(inputs, splits: int, tile) -> list:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default="bench/results/decode_attention.json")
+    p.add_argument("--default-only", action="store_true", help="time only today's split count and tile")
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = {}
@@ -74,11 +77,11 @@ def main() -> None:
             call()
         ref = inputs[-1].float().clone()
         rows = []
-        for splits in SPLITS:
-            for tile in TILES:
-                us = graph_us(calls(inputs, splits, tile), replays=20)
-                err = (inputs[-1].float() - ref).abs().max().item()
-                rows.append({"splits": splits, "tile": tile, "us": us, "max_abs_diff": err})
+        space = [(chosen, DEFAULT_TILE)] if args.default_only else [(s, t) for s in SPLITS for t in TILES]
+        for splits, tile in space:
+            us = graph_us(calls(inputs, splits, tile), replays=20)
+            err = (inputs[-1].float() - ref).abs().max().item()
+            rows.append({"splits": splits, "tile": tile, "us": us, "max_abs_diff": err})
         best = min(rows, key=lambda r: r["us"])
         default = next(r for r in rows if r["splits"] == chosen and tuple(r["tile"]) == DEFAULT_TILE)
         results[name] = {"roofline_us": roofline, "default": default, "best": best, "all": rows}

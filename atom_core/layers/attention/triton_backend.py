@@ -52,7 +52,7 @@ class TritonAttentionBackend(AttentionBackend):
         if self._sms is None:
             self._sms = _num_sms(q.device)  # read once: no device query during capture
         if meta.is_decode_only:
-            splits = num_kv_splits(meta.seq_lens.shape[0], self.num_kv_heads, self._sms, waves=4)
+            splits = num_kv_splits(meta.seq_lens.shape[0], self.num_kv_heads, self._sms)
             paged_decode_attention(
                 q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
                 self.scale, splits,
@@ -60,7 +60,7 @@ class TritonAttentionBackend(AttentionBackend):
             return out.view(num_tokens, -1)
         decodes, prefills = self._plan(meta, q.device)
         if decodes.shape[0]:
-            splits = num_kv_splits(decodes.shape[0], self.num_kv_heads, self._sms, waves=4)
+            splits = num_kv_splits(decodes.shape[0], self.num_kv_heads, self._sms)
             paged_decode_attention(
                 q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
                 self.scale, splits, seq_idx=decodes,

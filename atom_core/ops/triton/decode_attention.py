@@ -28,6 +28,13 @@ from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 # keeps the address it was captured with and replays against it.
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
+# From this many splits on, each program has a tile or two and the kernel is bound by its
+# chain of dependent loads: it loads its first tile before pdl_wait (``PRELOAD``). Measured
+# on an H200, that took Qwen3-0.6B's batch-1 step 1.017 -> 0.959 ms, but slowed batch 32
+# (2-4 splits of several tiles) by 25% in bench/decode_attention.py, so fewer splits keep
+# the plain loop.
+PRELOAD_MIN_SPLITS = 8
+
 
 def _counters(device: torch.device, needed: int) -> torch.Tensor:
     capacity = max(64, triton.next_power_of_2(needed))  # few distinct buffers
@@ -69,6 +76,37 @@ def _merge_splits(
 
 
 @triton.jit
+def _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPTY: tl.constexpr):
+    """Folds one K/V tile into the running (max, sum, output) of an online softmax."""
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    qk = tl.where(nmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, axis=1))
+    m_ref = m_new
+    if MAYBE_EMPTY:  # an all-masked first tile must leave the state at zero, not NaN
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_ref[:, None])
+    alpha = tl.exp2(m - m_ref)
+    l_sum = l_sum * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_sum, acc
+
+
+@triton.jit
+def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+             offs_d, dmask, BLOCK_N: tl.constexpr):
+    """Tokens n0..n0+BLOCK_N of a sequence (those < end): K, V, their offsets and masks."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    nmask = offs_n < end
+    blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+    off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+    kv_ptrs = off[:, None] + offs_d[None, :]
+    kv_mask = nmask[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    return k, v, offs_n, nmask, kv_ptrs, kv_mask
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
@@ -78,10 +116,11 @@ def _decode_kernel(
     sm_scale, block_size, head_dim,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr, PRELOAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)
+    if not PRELOAD:
+        pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -98,32 +137,36 @@ def _decode_kernel(
     hmask = offs_h < GROUP
     dmask = offs_d < head_dim
     heads = kvh * GROUP + offs_h
+    bt_row = bt_ptr + s.to(tl.int64) * bt_stride
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+    first = start
+    if PRELOAD:
+        # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
+        # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
+        # rows earlier steps wrote - all but the sequence's newest row, which the kernel
+        # before this one may be writing now. That row is reloaded after the wait, from L2.
+        k, v, offs_n, nmask, kv_ptrs, kv_mask = _kv_tile(
+            k_ptr, v_ptr, bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+            offs_d, dmask, BLOCK_N)
+        pdl_wait(PDL)
+        newest = kv_mask & (offs_n == seq_len - 1)[:, None]
+        k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
+        v = tl.where(newest, tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
     q = tl.load(
         q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
         mask=hmask[:, None] & dmask[None, :], other=0.0,
     )
-    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
-
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_sum = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    bt_row = bt_ptr + s.to(tl.int64) * bt_stride
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-        kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        qk = tl.where(nmask[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m, tl.max(qk, axis=1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+    if PRELOAD:
+        m, l_sum, acc = _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION, True)
+        first = start + BLOCK_N
+    for n0 in range(first, end, BLOCK_N):
+        k, v, offs_n, nmask, kv_ptrs, kv_mask = _kv_tile(
+            k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+            offs_d, dmask, BLOCK_N)
+        m, l_sum, acc = _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION, False)
 
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
@@ -152,11 +195,11 @@ def _decode_kernel(
             tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
-def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int, waves: int = 2) -> int:
+def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int, waves: int = 4) -> int:
     """Splits per (sequence, kv head) so that about ``waves`` programs per SM fill the GPU.
 
     A function of the batch shape only, so a captured graph and an eager step of the same
-    batch size split alike. The attention backend asks for 4: measured on an H200
+    batch size split alike. 4 by default: measured on an H200
     (bench/decode_attention.py), Qwen3-8B's batch 32 (256 programs unsplit) runs 31.4 ->
     26.2 us a layer at 2 splits, and 4 kv heads x 32 sequences 21.0 -> 18.2 us at 4; from
     ~2 programs per SM on, splitting only adds partials to merge.
@@ -207,5 +250,6 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
-        PRECISION=precision, num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
+        PRECISION=precision, PRELOAD=num_splits >= PRELOAD_MIN_SPLITS,
+        num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )

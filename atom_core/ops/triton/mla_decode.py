@@ -161,7 +161,7 @@ def _block_h(config: MLADecodeConfig, num_heads: int) -> int:
 def mla_num_splits(num_seqs: int, num_heads: int, num_sms: int, config: MLADecodeConfig) -> int:
     """KV splits for a batch of ``num_seqs``: about two waves of programs (a function of
     the batch shape only, so a captured graph and an eager step split alike)."""
-    return num_kv_splits(num_seqs, triton.cdiv(num_heads, _block_h(config, num_heads)), num_sms)
+    return num_kv_splits(num_seqs, triton.cdiv(num_heads, _block_h(config, num_heads)), num_sms, waves=2)
 
 
 def mla_decode_attention(

@@ -4,14 +4,17 @@ At batch 1 a decode step is a chain of ~10 short kernels a layer, and each would
 begin only after the previous one has finished and its launch has gone through: a few
 microseconds of an idle GPU per kernel. With PDL (Hopper and later) a kernel is launched
 early; its programs run whatever does not depend on the previous kernel (a GEMV loads its
-first weight tile, which nothing in a decode step writes) and then wait in ``pdl_wait``
-until the previous kernel has completed and its writes are visible.
+first weight tile, which nothing in a decode step writes; decode attention its metadata and
+first K/V tile) and then wait in ``pdl_wait`` until the previous kernel has completed and
+its writes are visible.
 
-The rule every kernel launched with PDL keeps: nothing written by an earlier kernel is read,
-and nothing at all is written, before ``pdl_wait``; and every program reaches ``pdl_wait``.
-Then kernel k+1 cannot finish before kernel k, so waiting on the previous kernel orders it
-after all of them. Kernels of other libraries (cuBLAS, torch) are launched without PDL and
-start after the one before them has finished, as always.
+The rule every kernel launched with PDL keeps: before ``pdl_wait`` it reads only what no
+kernel of the step writes (weights, the host-written batch metadata, the KV cache rows of
+earlier steps), writes nothing, and every program reaches ``pdl_wait``. Then kernel k+1
+cannot finish before kernel k, so waiting on the previous kernel orders it after all of
+them. A value read again after the wait comes from L2 (``.cg``): L1 is not kept coherent
+with other SMs' writes. Kernels of other libraries (cuBLAS, torch) are launched without PDL
+and start after the one before them has finished, as always.
 
 ``ATOM_PDL=0`` turns it off (A/B measurements). It is captured into CUDA graphs as
 programmatic edges.
