@@ -24,7 +24,8 @@ from atom_core.ops import resolve_op
 class GatedMLP(nn.Module):
     """down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up fused in one GEMM, and the
     activation fused into the down projection (the ``silu_and_mul_linear`` op, one kernel
-    fewer a layer at decode); ``down_proj`` holds the weights and is not called itself."""
+    fewer a layer at decode); ``down_proj`` holds the weights and is not called itself.
+    ``input_proj`` / ``forward_projected``: see ``DecoderLayer``."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, hidden_act: str = "silu") -> None:
         super().__init__()
@@ -34,17 +35,32 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias)
         self._silu_and_mul_linear = resolve_op("silu_and_mul_linear", get_build_context().device)
 
+    @property
+    def input_proj(self) -> nn.Module:
+        return self.gate_up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_projected(self.gate_up_proj(x))
+
+    def forward_projected(self, gate_up: torch.Tensor) -> torch.Tensor:
         down = self.down_proj
         # As RowParallelLinear.forward: with TP > 1 only rank 0 adds the bias.
         bias = down.bias if down.tp_rank == 0 else None
-        return self._silu_and_mul_linear(self.gate_up_proj(x), down.weight, bias)
+        return self._silu_and_mul_linear(gate_up, down.weight, bias)
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: norm -> self_attn -> norm -> mlp, with each residual add fused into
     the following norm (``fused_add_rms_norm``). ``self_attn(positions, x)`` and ``mlp(x)``
-    are the model's own."""
+    are the model's own.
+
+    A sublayer whose first step is a column-parallel projection of its input may say so:
+    ``input_proj`` is that layer and ``forward_projected`` (``(positions, y)`` for
+    attention, ``(y)`` for the MLP) the rest of its forward. The block then runs its norm
+    and that projection as one op (``RMSNorm.project``: one kernel at decode sizes, and a
+    kernel fewer each time). Sublayers without them (MoE blocks, whose normed input goes to
+    a router and the experts) get the normed input as before.
+    """
 
     def __init__(self, config: Any, self_attn: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
@@ -56,13 +72,20 @@ class DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            hidden_states, residual = self.input_layernorm(hidden_states), hidden_states
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        hidden_states, residual = _pre_norm(self.input_layernorm, self.self_attn, hidden_states, residual, positions)
+        return _pre_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
+
+
+def _pre_norm(
+    norm: RMSNorm, sublayer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, *args: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sublayer(*args, norm(x + residual)), x + residual), residual None meaning 0."""
+    proj = getattr(sublayer, "input_proj", None)
+    if proj is not None:
+        y, residual = norm.project(x, residual, proj)
+        return sublayer.forward_projected(*args, y), residual
+    y, residual = (norm(x), x) if residual is None else norm(x, residual)
+    return sublayer(*args, y), residual
 
 
 class DecoderModel(nn.Module):

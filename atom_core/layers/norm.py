@@ -1,4 +1,4 @@
-"""RMSNorm, calling the registry's rms_norm / fused_add_rms_norm ops."""
+"""RMSNorm, calling the registry's rms_norm / fused_add_rms_norm / rms_norm_linear ops."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class RMSNorm(nn.Module):
         device = get_build_context().device
         self._rms_norm = resolve_op("rms_norm", device)
         self._fused_add_rms_norm = resolve_op("fused_add_rms_norm", device)
+        self._rms_norm_linear = resolve_op("rms_norm_linear", device)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -31,6 +32,14 @@ class RMSNorm(nn.Module):
         if residual is None:
             return self._rms_norm(x, self.weight, self.eps)
         return self._fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+    def project(
+        self, x: torch.Tensor, residual: torch.Tensor | None, linear: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(norm(x + residual)), x + residual), residual None meaning 0; one kernel
+        where the device's ``rms_norm_linear`` fuses them. ``linear`` is a column-parallel
+        or replicated layer: its forward is the ``linear`` op on its own weight and bias."""
+        return self._rms_norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

@@ -1,6 +1,7 @@
 """The Triton ``linear`` against F.linear on the GPU: the real decode projections and LM
 heads, every M up to the threshold, bf16/fp16/fp32, split-K determinism and CUDA-graph
-replay; ``silu_and_mul_linear`` on the real down projections, and bitwise the unfused pair."""
+replay; ``silu_and_mul_linear`` on the real down projections, and bitwise the unfused pair;
+``rms_norm_linear`` on the projections that follow a norm."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ triton = pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
 from atom_core.ops.native import activation as native_act  # noqa: E402
+from atom_core.ops.native import norm as native_norm  # noqa: E402
 from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
-from atom_core.ops.triton.gemv import linear, silu_and_mul_linear  # noqa: E402
+from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
 from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, default_config  # noqa: E402
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
 
@@ -155,3 +157,47 @@ def test_fp32_router_weight_promotes_x(experts, x_dtype):
         got = linear(x, w)
         assert got.dtype == torch.float32
         assert rel_err(got, F.linear(x.float(), w)) < tolerance(torch.float32), m
+
+
+NORM_SHAPES = ["qwen3-0.6b.qkv", "qwen3-0.6b.gate_up", "qwen3-8b.qkv", "qwen3-30b-a3b.qkv"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES)
+def test_rms_norm_linear_real_shapes_every_m(shape, dtype):
+    n, k = SHAPES[shape]
+    w = weight(n, k, dtype)
+    nw = (1 + 0.1 * rand(k, dtype=torch.float32, seed=9)).to(dtype)
+    for m in range(1, MAX_ROWS + 1):
+        x, res = rand(m, k, dtype=dtype, seed=m), rand(m, k, dtype=dtype, seed=100 + m)
+        got, summed = rms_norm_linear(x, res, nw, 1e-6, w)
+        ref_summed = (x.float() + res.float()).to(dtype)
+        assert torch.equal(summed, ref_summed), (shape, m)
+        # The normalised x rounded to the model dtype, as the norm op rounds it; the product in fp32.
+        ref = F.linear(native_norm.rms_norm(ref_summed, nw, 1e-6).float(), w.float())
+        assert got.dtype == dtype and got.shape == (m, n)
+        assert rel_err(got, ref) < tolerance(dtype), (shape, m)
+        got, same = rms_norm_linear(x, None, nw, 1e-6, w)
+        assert same is x
+        ref = F.linear(native_norm.rms_norm(x, nw, 1e-6).float(), w.float())
+        assert rel_err(got, ref) < tolerance(dtype), (shape, m)
+
+
+def test_rms_norm_linear_graph_replay_equals_eager():
+    n, k = SHAPES["qwen3-0.6b.qkv"]
+    w = weight(n, k, torch.bfloat16)
+    nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    x, res = rand(1, k, dtype=torch.bfloat16), rand(1, k, dtype=torch.bfloat16, seed=2)
+    eager = rms_norm_linear(x, res, nw, 1e-6, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = rms_norm_linear(x, res, nw, 1e-6, w)
+    x.copy_(rand(1, k, dtype=torch.bfloat16, seed=3))
+    graph.replay()
+    want = rms_norm_linear(x, res, nw, 1e-6, w)
+    assert torch.equal(captured[0], want[0]) and torch.equal(captured[1], want[1])
+    assert not torch.equal(captured[0], eager[0])
+
+
+def test_rms_norm_linear_registered_for_cuda():
+    assert resolve_op("rms_norm_linear", "cuda") is rms_norm_linear

@@ -44,6 +44,9 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere):
     layer = engine.runner.model.model.layers[0]
     assert "triton" in layer.input_layernorm._rms_norm.__module__
     assert "triton" in layer.mlp._silu_and_mul_linear.__module__  # the fused down projection
+    # Both norms fold into the next projection (a decode batch of 3 rows is the GEMV's).
+    assert "triton" in layer.input_layernorm._rms_norm_linear.__module__
+    assert layer.self_attn.input_proj is layer.self_attn.qkv_proj
     engine.runner.fast_decode = True
     engine.runner._setup_fast_decode()
     calls = []

@@ -1,5 +1,6 @@
-"""The Triton ``linear`` (skinny GEMM) against F.linear, and ``silu_and_mul_linear`` (the
-same kernel with the activation fused into its x loads) against the native op, on CPU through TRITON_INTERPRET=1
+"""The Triton ``linear`` (skinny GEMM) against F.linear, and ``silu_and_mul_linear`` and
+``rms_norm_linear`` (the same kernel with the activation or the norm fused into its x
+loads) against the native ops, on CPU through TRITON_INTERPRET=1
 with small shapes (tests/gpu/test_gemv_gpu.py runs the real ones). Skipped where triton is
 not installed."""
 
@@ -13,9 +14,10 @@ pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
 from atom_core.ops.native import activation as native_act  # noqa: E402
+from atom_core.ops.native import norm as native_norm  # noqa: E402
 from atom_core.ops.triton import gemv, gemv_config  # noqa: E402
 from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
-from atom_core.ops.triton.gemv import linear, silu_and_mul_linear  # noqa: E402
+from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
 from atom_core.ops.triton.gemv_config import GemvConfig, default_config, get_config  # noqa: E402
 from atom_core.ops.triton.plugin import triton_ops  # noqa: E402
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
@@ -256,3 +258,71 @@ def test_silu_and_mul_linear_falls_back_to_two_ops(case, monkeypatch):
 def test_silu_and_mul_linear_registered():
     assert resolve_op("silu_and_mul_linear", "cpu") is native_act.silu_and_mul_linear
     assert triton_ops()["silu_and_mul_linear"] is silu_and_mul_linear
+
+
+# rms_norm_linear: the pre-norm block's norm folded into the GEMV's x loads.
+def norm_inputs(m: int, k: int, dtype=torch.float32, residual: bool = True):
+    x = rand(m, k, dtype=dtype, seed=3)
+    res = rand(m, k, dtype=dtype, seed=4) if residual else None
+    nw = (1 + 0.1 * rand(k, seed=5)).to(dtype)
+    return x, res, nw, rand(N, k, dtype=dtype, seed=6), rand(N, dtype=dtype, seed=7)
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm_linear_matches_native(m, split_k, residual):
+    x, res, nw, w, b = norm_inputs(m, KG, residual=residual)
+    out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b, config=gated_config(split_k))
+    ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+    assert out.shape == (m, N) and summed.shape == (m, KG)
+    assert rel_err(out, ref_out) < tolerance(torch.float32)
+    assert torch.equal(summed, ref_summed)
+    if residual:
+        assert summed.data_ptr() not in (x.data_ptr(), res.data_ptr())
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_rms_norm_linear_half_precision(m):
+    # The residual sum is rounded to the model dtype, and so is the normalised x, as the
+    # norm op rounds them: the sum is bit-exact, the product within the dtype's tolerance.
+    # (fp16 only on CPU: the interpreter does not round to bf16 as the GPU does.)
+    for dtype in dtypes_for(2)[1:]:
+        x, res, nw, w, b = norm_inputs(m, KG, dtype=dtype)
+        out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b, config=gated_config(2))
+        ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+        assert torch.equal(summed, ref_summed), dtype
+        assert rel_err(out, ref_out) < tolerance(dtype), dtype
+
+
+def test_rms_norm_linear_rows_longer_than_one_norm_block():
+    # One row of 4500 > 4096: the rms pre-pass takes two blocks; 3-D input.
+    x, res, nw, w, b = norm_inputs(1, 4500)
+    x, res = x.view(1, 1, -1), res.view(1, 1, -1)
+    out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b)
+    ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+    assert out.shape == (1, 1, N) and torch.equal(summed, ref_summed)
+    assert rel_err(out, ref_out) < tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("case", ["many-rows", "cublas-bucket", "strided-rows"])
+def test_rms_norm_linear_falls_back_to_two_ops(case, monkeypatch):
+    m = gemv.MAX_ROWS + 1 if case == "many-rows" else 2
+    x, res, nw, w, b = norm_inputs(m, KG)
+    if case == "strided-rows":
+        # Served by the kernel: rows of a wider tensor.
+        x = rand(m, 2 * KG, seed=3)[:, :KG]
+    elif case == "cublas-bucket":
+        monkeypatch.setattr(gemv, "get_config", lambda *args: None)
+        monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+    else:
+        monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+    out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b)
+    ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+    assert torch.equal(summed, ref_summed)
+    assert rel_err(out, ref_out) < tolerance(torch.float32)
+
+
+def test_rms_norm_linear_registered():
+    assert resolve_op("rms_norm_linear", "cpu") is native_norm.rms_norm_linear
+    assert triton_ops()["rms_norm_linear"] is rms_norm_linear

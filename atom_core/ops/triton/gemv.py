@@ -21,7 +21,10 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
 (GATED): x is the gate_up output [M, 2K], and each x tile is formed as silu(gate) * up while
 it is loaded, rounded exactly as ``silu_and_mul`` (activation.py) rounds it, so the result is
 bitwise the unfused ``linear(silu_and_mul(x), w)`` and a decode step has one kernel fewer a
-layer.
+layer. ``rms_norm_linear`` (NORM) is a pre-norm block's norm and first projection: each
+program first sums its rows' squares over all of K (x plus the residual, a few KB from L2),
+then normalises each x tile as it loads it, rounded as the norm op rounds; one program
+writes the summed residual. Another kernel fewer, twice a layer.
 
 Block sizes, and whether to call cuBLAS instead, come from ``gemv_config.get_config``.
 """
@@ -37,16 +40,32 @@ import triton.language as tl
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.ops.triton.activation import silu_and_mul
 from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
+from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _load_x(ptrs, mask, K, GATED: tl.constexpr):
-    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on.
-    Masked-out entries are 0 either way (silu(0) * 0)."""
-    if GATED:
+def _summed(ptrs, res_ptrs, mask, HAS_RES: tl.constexpr):
+    """x, plus the residual rounded to the model dtype as ``fused_add_rms_norm`` rounds it."""
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _load_x(ptrs, mask, K, res_ptrs, nw_ptrs, rstd, GATED: tl.constexpr, NORM: tl.constexpr,
+            HAS_RES: tl.constexpr):
+    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on;
+    NORM: rms_norm(x (+ residual)) with the row's ``rstd``, rounded as the norm op rounds.
+    Masked-out entries are 0 in every case (silu(0) * 0, 0 * rstd)."""
+    if NORM:
+        s = _summed(ptrs, res_ptrs, mask, HAS_RES)
+        w = tl.load(nw_ptrs, mask=mask, other=0.0).to(tl.float32)
+        return (s.to(tl.float32) * rstd * w).to(s.dtype)
+    elif GATED:
         g = tl.load(ptrs, mask=mask, other=0.0)
         u = tl.load(ptrs + K, mask=mask, other=0.0)
         gf = g.to(tl.float32)
@@ -59,11 +78,31 @@ def _load_x(ptrs, mask, K, GATED: tl.constexpr):
 
 
 @triton.jit
+def _row_rstd(x_rows, res_rows, sum_rows, row_ok, K, eps,
+              HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, NORM_BLOCK: tl.constexpr):
+    """1 / rms of each row of x (+ residual), over all of K; the grid's first program also
+    writes the summed rows (the residual stream's next value)."""
+    first = (tl.zeros([BLOCK_M], tl.int32) + tl.program_id(0) + tl.program_id(1)) == 0  # per row
+    ks = tl.arange(0, NORM_BLOCK)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, NORM_BLOCK):
+        kk = k0 + ks
+        mask = row_ok[:, None] & (kk < K)[None, :]
+        s = _summed(x_rows + kk[None, :], res_rows + kk[None, :], mask, HAS_RES)
+        if HAS_RES:
+            tl.store(sum_rows + kk[None, :], s, mask=mask & first[:, None])
+        sf = s.to(tl.float32)
+        ss += tl.sum(sf * sf, axis=1)
+    return 1.0 / tl.sqrt(ss / K + eps)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    res_ptr, res_stride, nw_ptr, sum_ptr, eps,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    GATED: tl.constexpr,
+    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -82,15 +121,22 @@ def _gemv_kernel(
     # (pdl.py), since no kernel of a step writes weights; x only after the wait.
     kk = k_start + ks
     k_ok = kk < k_end
+    x_rows = x_ptr + rows[:, None] * x_stride
+    res_rows = res_ptr + rows[:, None] * res_stride
     if BLOCK_M == 1:
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
-        a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
+        rstd = 1.0
+        if NORM:
+            rstd = _row_rstd(x_rows, res_rows, sum_ptr + rows[:, None] * K, row_ok, K, eps,
+                             HAS_RES, BLOCK_M, NORM_BLOCK)
+            rstd = tl.sum(rstd, axis=0)  # the one row's, as a scalar
+        a = _load_x(x_ptr + kk, k_ok, K, res_ptr + kk, nw_ptr + kk, rstd, GATED, NORM, HAS_RES).to(tl.float32)
         acc2 = w0.to(tl.float32) * a[None, :]
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
+            a = _load_x(x_ptr + kk, k_ok, K, res_ptr + kk, nw_ptr + kk, rstd, GATED, NORM, HAS_RES).to(tl.float32)
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
             acc2 += w * a[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]
@@ -99,13 +145,18 @@ def _gemv_kernel(
         # loads still vectorize.
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
-        x_rows = x_ptr + rows[:, None] * x_stride
-        a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, GATED)
+        rstd = tl.full([BLOCK_M, 1], 1.0, tl.float32)
+        if NORM:
+            rstd = _row_rstd(x_rows, res_rows, sum_ptr + rows[:, None] * K, row_ok, K, eps,
+                             HAS_RES, BLOCK_M, NORM_BLOCK)[:, None]
+        a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, res_rows + kk[None, :],
+                    nw_ptr + kk[None, :], rstd, GATED, NORM, HAS_RES)
         acc = tl.dot(a.to(w_t.dtype), w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, GATED)
+            a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, res_rows + kk[None, :],
+                        nw_ptr + kk[None, :], rstd, GATED, NORM, HAS_RES)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
             acc = tl.dot(a.to(w_t.dtype), w_t, acc, input_precision=PRECISION)
     mask = row_ok[:, None] & col_ok[None, :]
@@ -162,14 +213,20 @@ def supported(
     )
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool
-) -> torch.Tensor | None:
-    """The kernel's product for a ``supported`` call, or None where the table says cuBLAS."""
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool,
+    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(the product, the summed residual rows where ``norm`` has a residual) for a
+    ``supported`` call, or None where the table says cuBLAS. ``norm``: (residual or None,
+    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded."""
     n, k = weight.shape
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     m = x2.shape[0]
     if config is None:
         config = get_config(m, n, k, weight.element_size(), _num_sms(weight.device))
@@ -182,19 +239,27 @@ def _launch(
     out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
+    block_m = 1 if m == 1 else MAX_ROWS
+    residual, norm_weight, eps = norm if norm is not None else (None, weight, 0.0)
+    res2 = _rows(residual) if residual is not None else x2
+    # Written by one program; a new tensor, since the others still read the residual.
+    summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
     pdl = pdl_options(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
-        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
+        res2, res2.stride(0), norm_weight, summed if summed is not None else x2, eps,
+        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
-        GATED=gated, num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
+        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None,
+        NORM_BLOCK=min(triton.next_power_of_2(k), 4096 // block_m),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
             part, bias if has_bias else weight, out, m, n, SPLIT_K=split_k, HAS_BIAS=has_bias, BLOCK=block, **pdl,
         )
-    return out.view(*x.shape[:-1], n)
+    return out.view(*x.shape[:-1], n), summed.view(x.shape) if summed is not None else None
 
 
 def linear(
@@ -202,8 +267,8 @@ def linear(
 ) -> torch.Tensor:
     """x @ weight.T + bias, an fp32 weight promoting x (the native op's contract);
     ``config`` overrides the table's block sizes (for tuning)."""
-    out = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
-    return native_linear(x, weight, bias) if out is None else out
+    res = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
+    return native_linear(x, weight, bias) if res is None else res[0]
 
 
 def silu_and_mul_linear(
@@ -212,5 +277,36 @@ def silu_and_mul_linear(
     """``linear(silu_and_mul(x), weight, bias)``, x [..., 2K] (gate | up) and weight [N, K]:
     one kernel where the GEMV serves the shape (the same config and bits as the two), else
     the two ops."""
-    out = _launch(x, weight, bias, config, gated=True) if supported(x, weight, bias, gated=True) else None
-    return linear(silu_and_mul(x), weight, bias) if out is None else out
+    res = _launch(x, weight, bias, config, gated=True) if supported(x, weight, bias, gated=True) else None
+    return linear(silu_and_mul(x), weight, bias) if res is None else res[0]
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    config: GemvConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(rms_norm(h), weight, bias), h) for h = x + residual (x where residual is
+    None): a pre-norm block's norm and first projection. One kernel where the GEMV serves
+    the shape, the norm formed as x is loaded (each program recomputes its rows' rms, a few
+    KB from L2); else the norm op and ``linear``."""
+    ok = (
+        supported(x, weight, bias)
+        and x.dtype == weight.dtype
+        and norm_weight.shape == (x.shape[-1],)
+        and norm_weight.is_contiguous()
+        and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype))
+    )
+    res = _launch(x, weight, bias, config, gated=False, norm=(residual, norm_weight, eps)) if ok else None
+    if res is not None:
+        out, summed = res
+        return out, summed if summed is not None else x
+    if residual is None:
+        return linear(rms_norm(x, norm_weight, eps), weight, bias), x
+    normed, summed = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight, bias), summed

@@ -44,7 +44,7 @@ def usable() -> bool:
 def triton_ops() -> dict:
     from atom_core.ops.triton.activation import silu_and_mul
     from atom_core.ops.triton.fused_moe import fused_moe
-    from atom_core.ops.triton.gemv import linear, silu_and_mul_linear
+    from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear
     from atom_core.ops.triton.moe_topk import select_experts
     from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
     from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write
@@ -60,6 +60,7 @@ def triton_ops() -> dict:
         "moe_select_experts": select_experts,
         "linear": linear,
         "silu_and_mul_linear": silu_and_mul_linear,
+        "rms_norm_linear": rms_norm_linear,
     }
 
 

@@ -36,8 +36,15 @@ class LlamaAttention(nn.Module):
             self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
         )
 
+    @property
+    def input_proj(self) -> QKVParallelLinear:
+        """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
+        return self.qkv_proj
+
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)
+        return self.forward_projected(positions, self.qkv_proj(hidden_states))
+
+    def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))

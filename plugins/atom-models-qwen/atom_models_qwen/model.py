@@ -47,8 +47,15 @@ class Qwen3Attention(nn.Module):
         if self.attn.accepts_written_cache:
             self._fused = resolve_op("qk_norm_rope_cache_write", get_build_context().device)
 
+    @property
+    def input_proj(self) -> QKVParallelLinear:
+        """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
+        return self.qkv_proj
+
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)
+        return self.forward_projected(positions, self.qkv_proj(hidden_states))
+
+    def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self._fused is not None and self.attn.kv_cache is not None:
             rope = self.rotary_emb
