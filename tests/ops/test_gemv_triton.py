@@ -284,8 +284,8 @@ def test_rms_norm_linear_matches_native(m, split_k, residual):
 
 @pytest.mark.parametrize("m", [1, 3])
 def test_rms_norm_linear_half_precision(m):
-    # The residual sum is rounded to the model dtype, and so is the normalised x, as the
-    # norm op rounds them: the sum is bit-exact, the product within the dtype's tolerance.
+    # The residual sum is rounded to the model dtype as the norm op rounds it (bit-exact);
+    # the normalised x is not rounded before the product (within the dtype's tolerance).
     # (fp16 only on CPU: the interpreter does not round to bf16 as the GPU does.)
     for dtype in dtypes_for(2)[1:]:
         x, res, nw, w, b = norm_inputs(m, KG, dtype=dtype)
@@ -295,8 +295,8 @@ def test_rms_norm_linear_half_precision(m):
         assert rel_err(out, ref_out) < tolerance(dtype), dtype
 
 
-def test_rms_norm_linear_rows_longer_than_one_norm_block():
-    # One row of 4500 > 4096: the rms pre-pass takes two blocks; 3-D input.
+def test_rms_norm_linear_default_config_3d_input():
+    # A long row (the default config splits K), as a 3-D input.
     x, res, nw, w, b = norm_inputs(1, 4500)
     x, res = x.view(1, 1, -1), res.view(1, 1, -1)
     out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b)

@@ -21,10 +21,14 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
 (GATED): x is the gate_up output [M, 2K], and each x tile is formed as silu(gate) * up while
 it is loaded, rounded exactly as ``silu_and_mul`` (activation.py) rounds it, so the result is
 bitwise the unfused ``linear(silu_and_mul(x), w)`` and a decode step has one kernel fewer a
-layer. ``rms_norm_linear`` (NORM) is a pre-norm block's norm and first projection: each
-program first sums its rows' squares over all of K (x plus the residual, a few KB from L2),
-then normalises each x tile as it loads it, rounded as the norm op rounds; one program
-writes the summed residual. Another kernel fewer, twice a layer.
+layer. ``rms_norm_linear`` (NORM) is a pre-norm block's norm and first projection, by
+linearity: W (h * g / rms(h)) = (W (h * g)) / rms(h), so each program multiplies W by h * g
+(h = x + residual, g the norm weight) and sums h * h over the same tiles, and the 1/rms
+factor scales the result at the end (in the split-K reduce, from the splits' partial sums
+of squares). The normalised h is never rounded to the model dtype, as the unfused norm
+rounds it: the result differs from the two ops by that rounding, not more. The first
+column of programs writes h, the residual stream's next value. A kernel fewer, twice a
+layer, and no pass over h before the product starts.
 
 Block sizes, and whether to call cuBLAS instead, come from ``gemv_config.get_config``.
 """
@@ -47,25 +51,10 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @triton.jit
-def _summed(ptrs, res_ptrs, mask, HAS_RES: tl.constexpr):
-    """x, plus the residual rounded to the model dtype as ``fused_add_rms_norm`` rounds it."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if HAS_RES:
-        x = (x.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-    return x
-
-
-@triton.jit
-def _load_x(ptrs, mask, K, res_ptrs, nw_ptrs, rstd, GATED: tl.constexpr, NORM: tl.constexpr,
-            HAS_RES: tl.constexpr):
-    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on;
-    NORM: rms_norm(x (+ residual)) with the row's ``rstd``, rounded as the norm op rounds.
-    Masked-out entries are 0 in every case (silu(0) * 0, 0 * rstd)."""
-    if NORM:
-        s = _summed(ptrs, res_ptrs, mask, HAS_RES)
-        w = tl.load(nw_ptrs, mask=mask, other=0.0).to(tl.float32)
-        return (s.to(tl.float32) * rstd * w).to(s.dtype)
-    elif GATED:
+def _load_x(ptrs, mask, K, GATED: tl.constexpr):
+    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on.
+    Masked-out entries are 0 either way (silu(0) * 0)."""
+    if GATED:
         g = tl.load(ptrs, mask=mask, other=0.0)
         u = tl.load(ptrs + K, mask=mask, other=0.0)
         gf = g.to(tl.float32)
@@ -78,31 +67,25 @@ def _load_x(ptrs, mask, K, res_ptrs, nw_ptrs, rstd, GATED: tl.constexpr, NORM: t
 
 
 @triton.jit
-def _row_rstd(x_rows, res_rows, sum_rows, row_ok, K, eps,
-              HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, NORM_BLOCK: tl.constexpr):
-    """1 / rms of each row of x (+ residual), over all of K; the grid's first program also
-    writes the summed rows (the residual stream's next value)."""
-    first = (tl.zeros([BLOCK_M], tl.int32) + tl.program_id(0) + tl.program_id(1)) == 0  # per row
-    ks = tl.arange(0, NORM_BLOCK)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, NORM_BLOCK):
-        kk = k0 + ks
-        mask = row_ok[:, None] & (kk < K)[None, :]
-        s = _summed(x_rows + kk[None, :], res_rows + kk[None, :], mask, HAS_RES)
-        if HAS_RES:
-            tl.store(sum_rows + kk[None, :], s, mask=mask & first[:, None])
-        sf = s.to(tl.float32)
-        ss += tl.sum(sf * sf, axis=1)
-    return 1.0 / tl.sqrt(ss / K + eps)
+def _load_norm_x(ptrs, res_ptrs, nw_ptrs, sum_ptrs, mask, store_mask, HAS_RES: tl.constexpr):
+    """(h * norm weight in fp32, h * h) for the tile of h = x (+ residual), the sum rounded to
+    the model dtype as ``fused_add_rms_norm`` rounds it and stored (``store_mask``) as the
+    residual stream's next value. The 1/rms factor is applied to the product at the end."""
+    h = tl.load(ptrs, mask=mask, other=0.0)
+    if HAS_RES:
+        h = (h.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(h.dtype)
+        tl.store(sum_ptrs, h, mask=store_mask)
+    hf = h.to(tl.float32)
+    return hf * tl.load(nw_ptrs, mask=mask, other=0.0).to(tl.float32), hf * hf
 
 
 @triton.jit
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
-    res_ptr, res_stride, nw_ptr, sum_ptr, eps,
+    res_ptr, res_stride, nw_ptr, sum_ptr, ss_ptr, eps,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -117,53 +100,72 @@ def _gemv_kernel(
     ks = tl.arange(0, BLOCK_K)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    # NORM: the first column of programs writes the summed residual, each split its K range.
+    owner = (tl.zeros([BLOCK_M], tl.int32) + tl.program_id(0)) == 0
     # The first K tile is peeled: its W is loaded before waiting on the previous kernel
     # (pdl.py), since no kernel of a step writes weights; x only after the wait.
     kk = k_start + ks
     k_ok = kk < k_end
     x_rows = x_ptr + rows[:, None] * x_stride
     res_rows = res_ptr + rows[:, None] * res_stride
+    sum_rows = sum_ptr + rows[:, None] * K
     if BLOCK_M == 1:
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
-        rstd = 1.0
         if NORM:
-            rstd = _row_rstd(x_rows, res_rows, sum_ptr + rows[:, None] * K, row_ok, K, eps,
-                             HAS_RES, BLOCK_M, NORM_BLOCK)
-            rstd = tl.sum(rstd, axis=0)  # the one row's, as a scalar
-        a = _load_x(x_ptr + kk, k_ok, K, res_ptr + kk, nw_ptr + kk, rstd, GATED, NORM, HAS_RES).to(tl.float32)
+            a, sq = _load_norm_x(x_ptr + kk, res_ptr + kk, nw_ptr + kk, sum_ptr + kk, k_ok, k_ok & owner,
+                                 HAS_RES)
+        else:
+            a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
         acc2 = w0.to(tl.float32) * a[None, :]
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = _load_x(x_ptr + kk, k_ok, K, res_ptr + kk, nw_ptr + kk, rstd, GATED, NORM, HAS_RES).to(tl.float32)
+            if NORM:
+                a, sq_k = _load_norm_x(x_ptr + kk, res_ptr + kk, nw_ptr + kk, sum_ptr + kk, k_ok,
+                                       k_ok & owner, HAS_RES)
+                sq += sq_k
+            else:
+                a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
             acc2 += w * a[None, :]
         acc = tl.sum(acc2, axis=1)[None, :]
+        if NORM:
+            ss = tl.zeros([BLOCK_M], tl.float32) + tl.sum(sq, axis=0)
     else:
         # The W^T tile [BLOCK_K, BLOCK_N], addressed directly: contiguous along K, so the
         # loads still vectorize.
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
-        rstd = tl.full([BLOCK_M, 1], 1.0, tl.float32)
+        x_mask = row_ok[:, None] & k_ok[None, :]
         if NORM:
-            rstd = _row_rstd(x_rows, res_rows, sum_ptr + rows[:, None] * K, row_ok, K, eps,
-                             HAS_RES, BLOCK_M, NORM_BLOCK)[:, None]
-        a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, res_rows + kk[None, :],
-                    nw_ptr + kk[None, :], rstd, GATED, NORM, HAS_RES)
+            a, sq = _load_norm_x(x_rows + kk[None, :], res_rows + kk[None, :], nw_ptr + kk[None, :],
+                                 sum_rows + kk[None, :], x_mask, x_mask & owner[:, None], HAS_RES)
+            ss = tl.sum(sq, axis=1)
+        else:
+            a = _load_x(x_rows + kk[None, :], x_mask, K, GATED)
         acc = tl.dot(a.to(w_t.dtype), w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = _load_x(x_rows + kk[None, :], row_ok[:, None] & k_ok[None, :], K, res_rows + kk[None, :],
-                        nw_ptr + kk[None, :], rstd, GATED, NORM, HAS_RES)
+            x_mask = row_ok[:, None] & k_ok[None, :]
+            if NORM:
+                a, sq = _load_norm_x(x_rows + kk[None, :], res_rows + kk[None, :], nw_ptr + kk[None, :],
+                                     sum_rows + kk[None, :], x_mask, x_mask & owner[:, None], HAS_RES)
+                ss += tl.sum(sq, axis=1)
+            else:
+                a = _load_x(x_rows + kk[None, :], x_mask, K, GATED)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
             acc = tl.dot(a.to(w_t.dtype), w_t, acc, input_precision=PRECISION)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
         tl.store(part_ptr + offs, acc, mask=mask)
+        if NORM:  # this split's share of each row's sum of squares
+            tl.store(ss_ptr + pid_k * M + rows, ss, mask=row_ok & owner)
     else:
+        if NORM:
+            acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -172,16 +174,21 @@ def _gemv_kernel(
 
 @triton.jit
 def _split_k_reduce_kernel(
-    part_ptr, b_ptr, out_ptr, M, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
+    part_ptr, b_ptr, out_ptr, ss_ptr, M, N, K, eps, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < N
     pdl_wait(PDL)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    ss = 0.0
     for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
         acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + cols, mask=col_ok, other=0.0)
+        if NORM:
+            ss += tl.load(ss_ptr + s * M + row)
+    if NORM:
+        acc *= 1.0 / tl.sqrt(ss / K + eps)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row.to(tl.int64) * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
@@ -239,25 +246,25 @@ def _launch(
     out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
-    block_m = 1 if m == 1 else MAX_ROWS
     residual, norm_weight, eps = norm if norm is not None else (None, weight, 0.0)
     res2 = _rows(residual) if residual is not None else x2
-    # Written by one program; a new tensor, since the others still read the residual.
+    # A new tensor: programs of the other columns still read the residual.
     summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
+    ss = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if norm is not None and split_k > 1 else out
     pdl = pdl_options(x.device)
     _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
-        res2, res2.stride(0), norm_weight, summed if summed is not None else x2, eps,
-        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
+        res2, res2.stride(0), norm_weight, summed if summed is not None else x2, ss, eps,
+        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
         BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None,
-        NORM_BLOCK=min(triton.next_power_of_2(k), 4096 // block_m),
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias if has_bias else weight, out, m, n, SPLIT_K=split_k, HAS_BIAS=has_bias, BLOCK=block, **pdl,
+            part, bias if has_bias else weight, out, ss, m, n, k, eps, SPLIT_K=split_k, HAS_BIAS=has_bias,
+            NORM=norm is not None, BLOCK=block, **pdl,
         )
     return out.view(*x.shape[:-1], n), summed.view(x.shape) if summed is not None else None
 
@@ -293,8 +300,8 @@ def rms_norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(h), weight, bias), h) for h = x + residual (x where residual is
     None): a pre-norm block's norm and first projection. One kernel where the GEMV serves
-    the shape, the norm formed as x is loaded (each program recomputes its rows' rms, a few
-    KB from L2); else the norm op and ``linear``."""
+    the shape (the 1/rms factor applied to the product; see the module docstring), else the
+    norm op and ``linear``."""
     ok = (
         supported(x, weight, bias)
         and x.dtype == weight.dtype
