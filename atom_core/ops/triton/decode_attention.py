@@ -76,8 +76,9 @@ def _merge_splits(
 
 
 @triton.jit
-def _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPTY: tl.constexpr):
-    """Folds one K/V tile into the running (max, sum, output) of an online softmax."""
+def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPTY: tl.constexpr):
+    """One K tile's step of an online softmax: (p, the rescale of what came before, the new
+    running max and sum)."""
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     qk = tl.where(nmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, axis=1))
@@ -86,24 +87,7 @@ def _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION: tl.constexp
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(qk - m_ref[:, None])
     alpha = tl.exp2(m - m_ref)
-    l_sum = l_sum * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return m_new, l_sum, acc
-
-
-@triton.jit
-def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
-             offs_d, dmask, BLOCK_N: tl.constexpr):
-    """Tokens n0..n0+BLOCK_N of a sequence (those < end): K, V, their offsets and masks."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    nmask = offs_n < end
-    blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-    off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-    kv_ptrs = off[:, None] + offs_d[None, :]
-    kv_mask = nmask[:, None] & dmask[None, :]
-    k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-    return k, v, offs_n, nmask, kv_ptrs, kv_mask
+    return p, alpha, m_new, l_sum * alpha + tl.sum(p, axis=1)
 
 
 @triton.jit
@@ -148,9 +132,14 @@ def _decode_kernel(
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
         # rows earlier steps wrote - all but the sequence's newest row, which the kernel
         # before this one may be writing now. That row is reloaded after the wait, from L2.
-        k, v, offs_n, nmask, kv_ptrs, kv_mask = _kv_tile(
-            k_ptr, v_ptr, bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
-            offs_d, dmask, BLOCK_N)
+        offs_n = start + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+        kv_ptrs = off[:, None] + offs_d[None, :]
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         pdl_wait(PDL)
         newest = kv_mask & (offs_n == seq_len - 1)[:, None]
         k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
@@ -160,13 +149,21 @@ def _decode_kernel(
         mask=hmask[:, None] & dmask[None, :], other=0.0,
     )
     if PRELOAD:
-        m, l_sum, acc = _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION, True)
+        p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
-        k, v, offs_n, nmask, kv_ptrs, kv_mask = _kv_tile(
-            k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
-            offs_d, dmask, BLOCK_N)
-        m, l_sum, acc = _attend_tile(q, k, v, nmask, m, l_sum, acc, qk_scale, PRECISION, False)
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        # V is loaded after the scores: measured, loading it beside K was ~10% slower at
+        # batch 32 (bench/decode_attention.py), the two tiles live at once.
+        p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
+        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
@@ -240,7 +237,11 @@ def paged_decode_attention(
     else:
         po = plse = counters = out  # unused: one split writes the output directly
     idx = seq_idx if seq_idx is not None else seq_lens
-    block_n, num_warps, num_stages = tile or (32 if q.dtype == torch.float32 else 64, 4, 2)
+    preload = num_splits >= PRELOAD_MIN_SPLITS
+    # 8 warps for the latency-bound grids: measured 7.61 -> 6.76 us (Qwen3-0.6B) and 8.08 ->
+    # 7.27 us (Qwen3-8B) at batch 1, 32 splits, 576 tokens (bench/decode_attention.py).
+    default = (32, 4, 2) if q.dtype == torch.float32 else (64, 8 if preload else 4, 2)
+    block_n, num_warps, num_stages = tile or default
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, q.stride(0), q.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -250,6 +251,6 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
-        PRECISION=precision, PRELOAD=num_splits >= PRELOAD_MIN_SPLITS,
+        PRECISION=precision, PRELOAD=preload,
         num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )
