@@ -91,6 +91,28 @@ def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPT
 
 
 @triton.jit
+def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+             offs_d, dmask, BLOCK_N: tl.constexpr):
+    """Tokens n0..n0+BLOCK_N of a sequence (those < end): K, V and the mask.
+
+    K and V are loaded together from one offset tensor. This exact form measured faster in
+    the model on an H200 (bench/decode_latency.py, Qwen3-0.6B batch 32: 1.81 ms a step in
+    three runs) than the loop written inline, each load forming its own pointers, with V
+    loaded before or after the scores (2.11-2.12 ms in four runs); the cause was not
+    isolated. bench/decode_attention.py's back-to-back calls of the kernel alone time it a
+    few percent slower. Check end to end before reshaping it."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    nmask = offs_n < end
+    blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+    off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+    kv_ptrs = off[:, None] + offs_d[None, :]
+    kv_mask = nmask[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    return k, v, nmask
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
@@ -153,18 +175,8 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-        kv_mask = nmask[:, None] & dmask[None, :]
-        # V is loaded beside K, before the scores. Measured on an H200 in the model
-        # (bench/decode_latency.py, batch 32): Qwen3-0.6B 2.12 -> 1.81 ms a step, Qwen3-8B
-        # 5.83 -> 5.74, Qwen3-30B-A3B 15.37 -> 15.14, against V after the scores - though
-        # bench/decode_attention.py's back-to-back calls of the kernel alone time it 3-10%
-        # slower.
-        k = tl.load(k_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k, v, nmask = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot,
+                               stride_head, offs_d, dmask, BLOCK_N)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
