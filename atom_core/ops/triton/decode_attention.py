@@ -93,7 +93,8 @@ def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPT
 @triton.jit
 def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
              offs_d, dmask, BLOCK_N: tl.constexpr):
-    """Tokens n0..n0+BLOCK_N of a sequence (those < end): K, V and the mask.
+    """Tokens n0..n0+BLOCK_N of a sequence (those < end): K, V, the token mask, the tokens,
+    and the offsets and mask the K/V loads used.
 
     K and V are loaded together from one offset tensor. This exact form measured faster in
     the model on an H200 (bench/decode_latency.py, Qwen3-0.6B batch 32: 1.81 ms a step in
@@ -109,7 +110,7 @@ def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_
     kv_mask = nmask[:, None] & dmask[None, :]
     k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
     v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-    return k, v, nmask
+    return k, v, nmask, offs_n, kv_ptrs, kv_mask
 
 
 @triton.jit
@@ -154,14 +155,9 @@ def _decode_kernel(
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
         # rows earlier steps wrote - all but the sequence's newest row, which the kernel
         # before this one may be writing now. That row is reloaded after the wait, from L2.
-        offs_n = start + tl.arange(0, BLOCK_N)
-        nmask = offs_n < end
-        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-        off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-        kv_ptrs = off[:, None] + offs_d[None, :]
-        kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(
+            k_ptr, v_ptr, bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+            offs_d, dmask, BLOCK_N)
         pdl_wait(PDL)
         newest = kv_mask & (offs_n == seq_len - 1)[:, None]
         k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
@@ -175,8 +171,8 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
-        k, v, nmask = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot,
-                               stride_head, offs_d, dmask, BLOCK_N)
+        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk,
+                                        stride_slot, stride_head, offs_d, dmask, BLOCK_N)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
