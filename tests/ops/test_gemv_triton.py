@@ -285,7 +285,7 @@ def test_rms_norm_linear_matches_native(m, split_k, residual):
 @pytest.mark.parametrize("m", [1, 3])
 def test_rms_norm_linear_half_precision(m):
     # The residual sum is rounded to the model dtype as the norm op rounds it (bit-exact);
-    # the normalised x is not rounded before the product (within the dtype's tolerance).
+    # the product is formed from x * g and scaled after (within the dtype's tolerance).
     # (fp16 only on CPU: the interpreter does not round to bf16 as the GPU does.)
     for dtype in dtypes_for(2)[1:]:
         x, res, nw, w, b = norm_inputs(m, KG, dtype=dtype)

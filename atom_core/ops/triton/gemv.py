@@ -25,8 +25,9 @@ layer. ``rms_norm_linear`` (NORM) is a pre-norm block's norm and first projectio
 linearity: W (h * g / rms(h)) = (W (h * g)) / rms(h), so each program multiplies W by h * g
 (h = x + residual, g the norm weight) and sums h * h over the same tiles, and the 1/rms
 factor scales the result at the end (in the split-K reduce, from the splits' partial sums
-of squares). The normalised h is never rounded to the model dtype, as the unfused norm
-rounds it: the result differs from the two ops by that rounding, not more. The first
+of squares). The rounding moves: the unfused norm rounds h * g / rms(h) to the model
+dtype; here the 1-row path keeps h * g in fp32 and the ``tl.dot`` path rounds h * g for the
+tensor cores, so the result differs from the two ops by about one rounding of x. The first
 column of programs writes h, the residual stream's next value. A kernel fewer, twice a
 layer, and no pass over h before the product starts.
 
