@@ -306,7 +306,9 @@ def test_rms_norm_linear_default_config_3d_input():
 
 
 @pytest.mark.parametrize("case", ["many-rows", "cublas-bucket", "strided-rows"])
-def test_rms_norm_linear_falls_back_to_two_ops(case, monkeypatch):
+def test_rms_norm_linear_fallbacks_and_strided_rows(case, monkeypatch):
+    # many-rows and cublas-bucket must take the norm op and ``linear`` (the kernel raises
+    # if called); strided-rows is served by the kernel.
     m = gemv.MAX_ROWS + 1 if case == "many-rows" else 2
     x, res, nw, w, b = norm_inputs(m, KG)
     if case == "strided-rows":
