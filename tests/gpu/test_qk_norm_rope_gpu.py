@@ -1,7 +1,8 @@
 """The fused q/k norm + RoPE + KV-cache write on the GPU: against the native reference and
 the unfused Triton ops over dtypes, head dims 64/128, GQA ratios 1/4/8 and block sizes
 16/32; through the Triton attention backend (cache_written=True); and replayed from a
-captured CUDA graph."""
+captured CUDA graph. And the same input fused into decode attention (``new_tokens``):
+bitwise the two-launch path over the sweep, long contexts and batch 256."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ pytest.importorskip("triton")
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write as native_fused  # noqa: E402
 from atom_core.ops.triton import kv_cache, norm, rotary  # noqa: E402
+from atom_core.ops.triton.decode_attention import num_kv_splits  # noqa: E402
 from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write as triton_fused  # noqa: E402
 from tests.ops.reference import paged_batch, rel_err, tolerance  # noqa: E402
+from tests.ops.test_decode_attention_fused_input import check_fused  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 EPS = 1e-6
@@ -154,3 +157,27 @@ def test_unfused_write_unchanged():
     cache = torch.zeros(2, 2, 16, 4, 64, device="cuda")
     kv_cache.write_kv_cache(k, v, cache, torch.tensor([0, -1, 17], device="cuda"))
     assert torch.equal(cache.view(2, -1, 4, 64)[0, 17], k[2].view(4, 64))
+
+
+SMS = torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_fused_into_decode_attention(dtype, head_dim, group, block_size, batch):
+    kv_heads = 8 if group < 8 else 4
+    lens = [(97 * i + 13) % 3000 + 1 for i in range(batch)]
+    if batch > 1:
+        lens[1] = 0  # a graph's padding row
+    splits = num_kv_splits(batch, kv_heads, SMS)
+    check_fused(lens, kv_heads * group, kv_heads, head_dim, head_dim, dtype, splits,
+                block_size=block_size)
+
+
+@pytest.mark.parametrize("batch,ctx", [(1, 32768), (2, 8192), (256, 1500)])
+def test_fused_into_decode_attention_long_and_wide(batch, ctx):
+    lens = [ctx - 37 * i for i in range(batch)]
+    check_fused(lens, 32, 8, 128, 128, torch.bfloat16, num_kv_splits(batch, 8, SMS), block_size=16)

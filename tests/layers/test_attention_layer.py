@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from atom_core.errors import UnsupportedError
+from atom_core.layers.attention.backend import QKNormRope
 from atom_core.layers.attention.layer import Attention
 from atom_core.layers.attention.native import NativeAttentionBackend
 from atom_core.layers.context import BuildContext, build_context, forward_context
@@ -57,3 +58,17 @@ def test_cache_written_skips_the_write_and_is_refused_where_unsupported():
     layer.backend.accepts_written_cache = False  # e.g. a backend with its own cache layout
     with forward_context(meta), pytest.raises(RuntimeError, match="cache_written"):
         layer(q, k, v, cache_written=True)
+
+
+def test_qk_norm_rope_input_is_refused_by_a_backend_without_it():
+    layer = Attention(4, 8, 0.5, 2)
+    assert not layer.accepts_qk_norm_rope  # the native backend: the model applies them itself
+    q, k, v = torch.randn(3, 32), torch.randn(3, 16), torch.randn(3, 16)
+    kv = PagedKV(num_blocks=4, block_size=4)
+    meta, _ = kv.step([kv.add_sequence()], [3])
+    layer.kv_cache = torch.zeros(layer.kv_cache_shape(4, 4))
+    spec = QKNormRope(torch.ones(8), torch.ones(8), 1e-6, torch.arange(3), torch.zeros(8, 8), True)
+    with forward_context(meta), pytest.raises(RuntimeError, match="does not apply q/k norms"):
+        layer.forward_qk_norm_rope(q, k, v, spec)
+    with pytest.raises(NotImplementedError, match="forward_qk_norm_rope"):
+        layer.backend.forward_qk_norm_rope(q, k, v, layer.kv_cache, meta, spec)

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("triton")
 
 
+import atom_core.layers.attention.triton_backend as triton_backend  # noqa: E402
 import atom_core.layers.rotary as rotary  # noqa: E402
 import atom_core.ops.triton.plugin as triton_plugin  # noqa: E402
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
@@ -35,7 +36,7 @@ def triton_everywhere(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
-def test_triton_fast_decode_matches_transformers(kind, triton_everywhere):
+def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkeypatch):
     path = tiny_model_dir(kind)
     rng = random.Random(1)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (5, 19, 40)]
@@ -52,7 +53,13 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere):
     calls = []
     fast = engine.runner.launch_decode
     engine.runner.launch_decode = lambda batch, **kw: calls.append(len(batch.seqs)) or fast(batch, **kw)
+    fused = []  # per decode-attention launch: was Qwen3's attention input fused into it?
+    attend = triton_backend.paged_decode_attention
+    monkeypatch.setattr(triton_backend, "paged_decode_attention",
+                        lambda *a, **kw: fused.append(kw.get("new_tokens") is not None) or attend(*a, **kw))
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = engine.generate(prompts, params)
     assert [o["token_ids"] for o in outs] == hf_greedy(hf_model(path), prompts, NEW_TOKENS)
     assert len(calls) >= NEW_TOKENS - 2 and max(calls) == len(prompts)
+    # Qwen3's q/k norms, RoPE and cache write run inside every decode attention launch.
+    assert fused and all(fused) == (kind == "qwen3") and any(fused) == (kind == "qwen3")

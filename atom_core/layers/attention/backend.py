@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from atom_core.layers.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class QKNormRope:
+    """Qwen3's attention input: per-head RMSNorm of q and k (weights ``[head_dim]``), then
+    RoPE at ``positions`` from ``cos_sin_cache`` (``[max_position, rot_dim]``, cos then sin)."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    is_neox: bool
 
 
 class AttentionBackend(ABC):
@@ -21,9 +35,15 @@ class AttentionBackend(ABC):
     a fused op (e.g. ``qk_norm_rope_cache_write``) has already stored K/V at the slots,
     so the backend skips its own write. Only backends over the dense cache layout above
     can accept it; the default is False, and then the keyword is never passed.
+
+    A backend with ``accepts_qk_norm_rope`` also takes ``forward_qk_norm_rope``: q, k and v
+    as the qkv projection produced them, with the norms and RoPE still to apply (a model
+    asks for it only where its attention input is exactly ``QKNormRope``). Decode kernels
+    can then fold the whole attention input into attention's own launch.
     """
 
     accepts_written_cache: bool = False
+    accepts_qk_norm_rope: bool = False
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -46,3 +66,14 @@ class AttentionBackend(ABC):
         cache_written: bool = False,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         ...
+
+    def forward_qk_norm_rope(
+        self,
+        q: torch.Tensor,  # [T, num_heads * head_dim], before norm and RoPE
+        k: torch.Tensor,  # [T, num_kv_heads * head_dim], before norm and RoPE
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        spec: QKNormRope,
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]
+        raise NotImplementedError(f"{type(self).__name__} does not take forward_qk_norm_rope")

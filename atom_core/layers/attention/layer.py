@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from atom_core.layers.attention.backend import AttentionBackend
+from atom_core.layers.attention.backend import AttentionBackend, QKNormRope
+from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.context import get_build_context, get_forward_context
 from atom_core.ops import device_kind
 from atom_core.plugins import get_registries
@@ -53,9 +54,40 @@ class Attention(nn.Module):
         because a fused op such as ``qk_norm_rope_cache_write`` stored them in ``kv_cache``."""
         return self.backend.accepts_written_cache
 
+    @property
+    def accepts_qk_norm_rope(self) -> bool:
+        """True when the backend applies Qwen3's q/k norms and RoPE itself
+        (``forward_qk_norm_rope``), fusing them into its kernels where it can."""
+        return self.backend.accepts_qk_norm_rope
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_written: bool = False
     ) -> torch.Tensor:
+        meta = self._metadata()
+        if cache_written:
+            if not self.accepts_written_cache:
+                raise RuntimeError(
+                    f"attention backend {self.backend_name!r} writes its own K/V cache; "
+                    "call forward(q, k, v) without cache_written"
+                )
+            return self.backend.forward(q, k, v, self.kv_cache, meta, cache_written=True)
+        # Without the keyword, so backends predating it keep working.
+        return self.backend.forward(q, k, v, self.kv_cache, meta)
+
+    def forward_qk_norm_rope(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: QKNormRope
+    ) -> torch.Tensor:
+        """Attention of q/k/v straight from the projection: the backend norms and rotates q
+        and k (``spec``) and stores the new K/V."""
+        if not self.accepts_qk_norm_rope:
+            raise RuntimeError(
+                f"attention backend {self.backend_name!r} does not apply q/k norms and RoPE; "
+                "apply them and call forward(q, k, v)"
+            )
+        meta = self._metadata()
+        return self.backend.forward_qk_norm_rope(q, k, v, self.kv_cache, meta, spec)
+
+    def _metadata(self) -> AttentionMetadata:
         try:
             meta = get_forward_context()
         except RuntimeError:
@@ -68,15 +100,7 @@ class Attention(nn.Module):
                 "Attention.kv_cache is not set: the model runner must assign each layer of "
                 "model.attention_layers() a tensor of layer.kv_cache_shape(num_blocks, block_size)"
             )
-        if cache_written:
-            if not self.accepts_written_cache:
-                raise RuntimeError(
-                    f"attention backend {self.backend_name!r} writes its own K/V cache; "
-                    "call forward(q, k, v) without cache_written"
-                )
-            return self.backend.forward(q, k, v, self.kv_cache, meta, cache_written=True)
-        # Without the keyword, so backends predating it keep working.
-        return self.backend.forward(q, k, v, self.kv_cache, meta)
+        return meta
 
     def extra_repr(self) -> str:
         return (

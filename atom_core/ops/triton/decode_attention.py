@@ -14,11 +14,14 @@ but the grid, which depends only on tensor shapes.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+from atom_core.ops.triton.qk_norm_rope import norm_rope_rows
 
 # Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
 # leaves every counter it used back at 0 (the merging program resets it), so a buffer is
@@ -114,6 +117,13 @@ def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_
 
 
 @triton.jit
+def _with_new_row(k, v, k_new, v_new, offs_n, seq_len):
+    """The tile with the sequence's newest row (token seq_len - 1) taken from k_new/v_new."""
+    is_new = (offs_n == seq_len - 1)[:, None]
+    return tl.where(is_new, k_new, k), tl.where(is_new, v_new, v)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
@@ -121,11 +131,18 @@ def _decode_kernel(
     out_ptr, out_stride_t, out_stride_h,
     po_ptr, plse_ptr, count_ptr,
     sm_scale, block_size, head_dim,
+    kn_ptr, kn_stride, vn_ptr, vn_stride, qw_ptr, kw_ptr, eps, pos_ptr, cs_ptr, cs_stride,
+    rot_dim, slot_ptr,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr, PRELOAD: tl.constexpr,
-    PDL: tl.constexpr,
+    FUSED_INPUT: tl.constexpr, IS_NEOX: tl.constexpr, PDL: tl.constexpr,
 ):
+    """FUSED_INPUT: q_ptr and kn_ptr/vn_ptr are the qkv projection's raw output. Every
+    program norms and rotates its query heads itself, and the new token's K/V (norm and RoPE
+    on k) replace the cache's newest row in the tiles; the program whose split holds that
+    row also stores it in the cache. That is Qwen3's attention input
+    (``qk_norm_rope_cache_write``) without its own launch."""
     if not PRELOAD:
         pdl_wait(PDL)
     b = tl.program_id(0)
@@ -150,6 +167,9 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     first = start
+    if FUSED_INPUT:
+        k_new = tl.zeros([1, BLOCK_D], k_ptr.dtype.element_ty)
+        v_new = tl.zeros([1, BLOCK_D], v_ptr.dtype.element_ty)
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
@@ -159,20 +179,39 @@ def _decode_kernel(
             k_ptr, v_ptr, bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
             offs_d, dmask, BLOCK_N)
         pdl_wait(PDL)
-        newest = kv_mask & (offs_n == seq_len - 1)[:, None]
-        k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
-        v = tl.where(newest, tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
-    q = tl.load(
-        q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
-        mask=hmask[:, None] & dmask[None, :], other=0.0,
-    )
+        if not FUSED_INPUT:
+            newest = kv_mask & (offs_n == seq_len - 1)[:, None]
+            k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
+            v = tl.where(newest, tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
+    if FUSED_INPUT:
+        cs = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
+        q = norm_rope_rows(q_ptr + row * q_stride_t + kvh * GROUP * head_dim, hmask, qw_ptr, eps,
+                           cs, head_dim, rot_dim, IS_NEOX, BLOCK_H, BLOCK_D)
+        k_new = norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim, tl.arange(0, 1) < 1, kw_ptr,
+                               eps, cs, head_dim, rot_dim, IS_NEOX, 1, BLOCK_D).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
+                        mask=dmask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
+        slot = tl.load(slot_ptr + row)
+        if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):  # this split owns the new row
+            dst = (slot // block_size) * stride_blk + (slot % block_size) * stride_slot + kvh * stride_head
+            tl.store(k_ptr + dst + offs_d[None, :], k_new, mask=dmask[None, :])
+            tl.store(v_ptr + dst + offs_d[None, :], v_new, mask=dmask[None, :])
+    else:
+        q = tl.load(
+            q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
+            mask=hmask[:, None] & dmask[None, :], other=0.0,
+        )
     if PRELOAD:
+        if FUSED_INPUT:
+            k, v = _with_new_row(k, v, k_new, v_new, offs_n, seq_len)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
-        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk,
-                                        stride_slot, stride_head, offs_d, dmask, BLOCK_N)
+        k, v, nmask, offs_n, _, _ = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk,
+                                             stride_slot, stride_head, offs_d, dmask, BLOCK_N)
+        if FUSED_INPUT:
+            k, v = _with_new_row(k, v, k_new, v_new, offs_n, seq_len)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
@@ -220,6 +259,21 @@ def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int, waves: int = 4
     return min(32, 1 << (want.bit_length() - 1))
 
 
+class NewTokenInput(NamedTuple):
+    """What turns the qkv projection's raw output into the attention input: per-head RMSNorm
+    of q and k, RoPE, and the K/V cache write (``qk_norm_rope_cache_write``'s arguments)."""
+
+    k: torch.Tensor  # [T, kv_heads * D] raw, rows of stride(0), unit column stride
+    v: torch.Tensor  # [T, kv_heads * D]
+    q_weight: torch.Tensor  # [D]
+    k_weight: torch.Tensor  # [D]
+    eps: float
+    positions: torch.Tensor  # [T]
+    cos_sin_cache: torch.Tensor  # [max_position, rot_dim] fp32: cos then sin
+    slot_mapping: torch.Tensor  # [T]; -1 stores nothing
+    is_neox: bool
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [T, H, D]; row query_start_loc[s] is sequence s's query
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D]
@@ -231,7 +285,13 @@ def paged_decode_attention(
     num_splits: int,
     seq_idx: torch.Tensor | None = None,  # only these sequences (a mixed batch's decodes)
     tile: tuple[int, int, int] | None = None,  # (BLOCK_N, num_warps, num_stages): tuning only
+    new_tokens: NewTokenInput | None = None,
 ) -> None:
+    """Attention of each decode row's query over its sequence's cached K/V, into ``out``.
+
+    With ``new_tokens``, q is the raw projection output and the kernel also does Qwen3's
+    attention input (see ``_decode_kernel``); the result equals running
+    ``qk_norm_rope_cache_write`` first. Without it, the cache already holds the new K/V."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     num_seqs = seq_idx.shape[0] if seq_idx is not None else seq_lens.shape[0]
@@ -253,15 +313,29 @@ def paged_decode_attention(
     # 7.27 us (Qwen3-8B) at batch 1, 32 splits, 576 tokens (bench/decode_attention.py).
     default = (32, 4, 2) if q.dtype == torch.float32 else (64, 8 if preload else 4, 2)
     block_n, num_warps, num_stages = tile or default
+    fused = new_tokens is not None
+    if fused:
+        kn, vn = new_tokens.k, new_tokens.v
+        if q.stride(1) != head_dim or q.stride(2) != 1 or kn.stride(1) != 1 or vn.stride(1) != 1:
+            raise ValueError("fused decode attention needs heads contiguous within each row")
+        if not kv_cache.is_contiguous():
+            raise ValueError("fused decode attention writes slots of a contiguous cache")
+        nt = new_tokens
+        extra = (kn, kn.stride(0), vn, vn.stride(0), nt.q_weight, nt.k_weight, nt.eps, nt.positions,
+                 nt.cos_sin_cache, nt.cos_sin_cache.stride(0), nt.cos_sin_cache.shape[-1],
+                 nt.slot_mapping)
+    else:
+        extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, q.stride(0), q.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
         out, out.stride(0), out.stride(1), po, plse, counters,
-        scale, block_size, head_dim,
+        scale, block_size, head_dim, *extra,
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
-        PRECISION=precision, PRELOAD=preload,
+        PRECISION=precision, PRELOAD=preload, FUSED_INPUT=fused,
+        IS_NEOX=new_tokens.is_neox if fused else True,
         num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )

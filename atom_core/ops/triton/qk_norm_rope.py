@@ -13,34 +13,49 @@ from atom_core.ops.triton.rotary import rope_pairs
 
 
 @triton.jit
-def _norm_rope_heads(src, src_stride, w_ptr, eps, dst, cs_ptr, tok, heads, head_size, rot_dim,
-                     IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Normed and rotated heads of one token, fp32 [BLOCK_H, BLOCK_D], also stored to dst."""
+def norm_rope_rows(base, hmask, w_ptr, eps, cs_ptr, head_size, rot_dim,
+                   IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """RMSNorm then RoPE of the heads at ``base`` (contiguous, head_size apart; rows where
+    ``hmask``), in base's dtype [BLOCK_H, BLOCK_D]: exactly what the unfused norm and
+    rotary ops store. Decode attention computes its query this way too (decode_attention.py)."""
     h = tl.arange(0, BLOCK_H)
     d = tl.arange(0, BLOCK_D)
     dmask = d < head_size
-    mask = (h[:, None] < heads) & dmask[None, :]
-    base = src + tok * src_stride + h[:, None] * head_size
-    x = tl.load(base + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    mask = hmask[:, None] & dmask[None, :]
+    rows = base + h[:, None] * head_size
+    x = tl.load(rows + d[None, :], mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / head_size + eps)
     w = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
     # Round the norm to the model dtype, as the unfused path stores it, before rotating.
-    n = (x * rstd[:, None] * w[None, :]).to(dst.dtype.element_ty).to(tl.float32)
+    n = (x * rstd[:, None] * w[None, :]).to(base.dtype.element_ty).to(tl.float32)
     half = rot_dim // 2
     # The partner element is re-read and normed with its own weight and the head's rstd, so
     # no cross-lane shuffle is needed.
     first, partner, freq = rope_pairs(d, rot_dim, IS_NEOX)
     rot = d < rot_dim
     pmask = mask & rot[None, :]
-    xp = tl.load(base + partner[None, :], mask=pmask, other=0.0).to(tl.float32)
+    xp = tl.load(rows + partner[None, :], mask=pmask, other=0.0).to(tl.float32)
     wp = tl.load(w_ptr + partner, mask=rot, other=0.0).to(tl.float32)
-    np_ = (xp * rstd[:, None] * wp[None, :]).to(dst.dtype.element_ty).to(tl.float32)
+    np_ = (xp * rstd[:, None] * wp[None, :]).to(base.dtype.element_ty).to(tl.float32)
     cos = tl.load(cs_ptr + freq, mask=rot, other=1.0)
     sin = tl.load(cs_ptr + half + freq, mask=rot, other=0.0)
     sign = tl.where(first, -1.0, 1.0)
     y = tl.where(rot[None, :], n * cos[None, :] + (sign * sin)[None, :] * np_, n)
-    y = y.to(dst.dtype.element_ty)
-    tl.store(dst + tok * heads * head_size + h[:, None] * head_size + d[None, :], y, mask=mask)
+    return y.to(base.dtype.element_ty)
+
+
+@triton.jit
+def _norm_rope_heads(src, src_stride, w_ptr, eps, dst, cs_ptr, tok, heads, head_size, rot_dim,
+                     IS_NEOX: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Normed and rotated heads of one token [BLOCK_H, BLOCK_D], also stored to dst."""
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hmask = h < heads
+    y = norm_rope_rows(src + tok * src_stride, hmask, w_ptr, eps, cs_ptr, head_size, rot_dim,
+                       IS_NEOX, BLOCK_H, BLOCK_D)
+    mask = hmask[:, None] & (d < head_size)[None, :]
+    tl.store(dst + tok * heads * head_size + h[:, None] * head_size + d[None, :],
+             y.to(dst.dtype.element_ty), mask=mask)
     return y
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from atom_core.layers.attention.backend import QKNormRope
 from atom_core.layers.attention.layer import Attention
 from atom_core.layers.context import get_build_context, get_forward_context
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel, GatedMLP
@@ -41,10 +42,10 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(
             self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
         )
-        # Norms, RoPE and the K/V cache write in one op, where the backend lets it write
-        # the cache; otherwise the unfused path below.
+        # Norms, RoPE and the K/V cache write inside the backend's kernels where it takes
+        # them; else in one op, where the backend lets it write the cache; else unfused.
         self._fused = None
-        if self.attn.accepts_written_cache:
+        if not self.attn.accepts_qk_norm_rope and self.attn.accepts_written_cache:
             self._fused = resolve_op("qk_norm_rope_cache_write", get_build_context().device)
 
     @property
@@ -57,8 +58,12 @@ class Qwen3Attention(nn.Module):
 
     def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        rope = self.rotary_emb
+        if self.attn.accepts_qk_norm_rope and self.attn.kv_cache is not None:
+            spec = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
+                              rope.cos_sin_cache, rope.is_neox)
+            return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec))
         if self._fused is not None and self.attn.kv_cache is not None:
-            rope = self.rotary_emb
             q, k = self._fused(
                 q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
                 rope.cos_sin_cache, self.attn.kv_cache, get_forward_context().slot_mapping,
