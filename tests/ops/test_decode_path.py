@@ -16,6 +16,7 @@ import atom_core.layers.attention.triton_backend as triton_backend  # noqa: E402
 import atom_core.layers.rotary as rotary  # noqa: E402
 import atom_core.ops.triton.plugin as triton_plugin  # noqa: E402
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
+from atom_core.ops.triton.decode_attention import PRELOAD_MIN_SPLITS  # noqa: E402
 from atom_core.plugins import reset_plugins  # noqa: E402
 from atom_core.sampling_params import SamplingParams  # noqa: E402
 from tests.engine_reference import hf_greedy, hf_model
@@ -53,13 +54,17 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkey
     calls = []
     fast = engine.runner.launch_decode
     engine.runner.launch_decode = lambda batch, **kw: calls.append(len(batch.seqs)) or fast(batch, **kw)
-    fused = []  # per decode-attention launch: was Qwen3's attention input fused into it?
+    launches = []  # per decode-attention launch: (Qwen3's attention input fused in?, splits)
     attend = triton_backend.paged_decode_attention
     monkeypatch.setattr(triton_backend, "paged_decode_attention",
-                        lambda *a, **kw: fused.append(kw.get("new_tokens") is not None) or attend(*a, **kw))
+                        lambda *a, **kw: launches.append((kw.get("new_tokens") is not None, a[7]))
+                        or attend(*a, **kw))
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = engine.generate(prompts, params)
     assert [o["token_ids"] for o in outs] == hf_greedy(hf_model(path), prompts, NEW_TOKENS)
     assert len(calls) >= NEW_TOKENS - 2 and max(calls) == len(prompts)
-    # Qwen3's q/k norms, RoPE and cache write run inside every decode attention launch.
-    assert fused and all(fused) == (kind == "qwen3") and any(fused) == (kind == "qwen3")
+    # Qwen3's q/k norms, RoPE and cache write run inside decode attention wherever it does
+    # not preload (the backend's rule); Llama's input is RoPE alone and never fuses.
+    qwen3 = kind == "qwen3"
+    assert launches and all(f == (qwen3 and s < PRELOAD_MIN_SPLITS) for f, s in launches)
+    assert any(f for f, _ in launches) == qwen3

@@ -13,6 +13,7 @@ import torch
 from atom_core.layers.attention.backend import AttentionBackend, QKNormRope
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.ops.triton.decode_attention import (
+    PRELOAD_MIN_SPLITS,
     NewTokenInput,
     num_kv_splits,
     paged_decode_attention,
@@ -59,7 +60,7 @@ class TritonAttentionBackend(AttentionBackend):
         out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
         decodes, prefills = self._plan(meta, q.device)
         if decodes.shape[0]:
-            splits = num_kv_splits(decodes.shape[0], self.num_kv_heads, self._num_sms(q.device))
+            splits = self._splits(decodes.shape[0], q.device)
             paged_decode_attention(
                 q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
                 self.scale, splits, seq_idx=decodes,
@@ -79,13 +80,19 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         spec: QKNormRope,
     ) -> torch.Tensor:
-        """A decode-only batch runs one kernel (decode_attention.py's ``new_tokens``): the
-        separate norm/RoPE/cache-write launch cost ~3 us a layer at batch 1 on an H200.
-        Other batches apply the input op, then attend over the written cache."""
+        """A decode-only batch over a few KV splits runs one kernel (decode_attention.py's
+        ``new_tokens``). Other batches apply the input op, then attend over the written cache.
+
+        Measured on an H200 (bench/decode_latency.py): fused, Qwen3-0.6B batch 32 (2 splits)
+        went 1.814 -> 1.788 ms a step. At batch 1 (32 splits, where the kernel preloads
+        before its PDL wait) fusing slowed it, 0.912 -> 1.017 ms: the kernel grows from 108
+        to 128 registers, and capping them at 112 (0.931) or not preloading (0.980) did not
+        win it back, so those grids keep the separate launch."""
         if meta.is_decode_only and q.shape[0]:
-            new = NewTokenInput(k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions,
-                                spec.cos_sin_cache, meta.slot_mapping, spec.is_neox)
-            return self._decode(q, kv_cache, meta, new)
+            if self._splits(meta.seq_lens.shape[0], q.device) < PRELOAD_MIN_SPLITS:
+                new = NewTokenInput(k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions,
+                                    spec.cos_sin_cache, meta.slot_mapping, spec.is_neox)
+                return self._decode(q, kv_cache, meta, new)
         q, k = qk_norm_rope_cache_write(
             q, k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions, spec.cos_sin_cache,
             kv_cache, meta.slot_mapping, spec.is_neox,
@@ -97,17 +104,17 @@ class TritonAttentionBackend(AttentionBackend):
         num_tokens = q.shape[0]
         q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
         out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
-        splits = num_kv_splits(meta.seq_lens.shape[0], self.num_kv_heads, self._num_sms(q.device))
+        splits = self._splits(meta.seq_lens.shape[0], q.device)
         paged_decode_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
             self.scale, splits, new_tokens=new,
         )
         return out.view(num_tokens, -1)
 
-    def _num_sms(self, device: torch.device) -> int:
+    def _splits(self, num_seqs: int, device: torch.device) -> int:
         if self._sms is None:
             self._sms = _num_sms(device)  # read once: no device query during capture
-        return self._sms
+        return num_kv_splits(num_seqs, self.num_kv_heads, self._sms)
 
     @staticmethod
     def _plan(meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

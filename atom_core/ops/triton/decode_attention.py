@@ -139,10 +139,12 @@ def _decode_kernel(
     FUSED_INPUT: tl.constexpr, IS_NEOX: tl.constexpr, PDL: tl.constexpr,
 ):
     """FUSED_INPUT: q_ptr and kn_ptr/vn_ptr are the qkv projection's raw output. Every
-    program norms and rotates its query heads itself, and the new token's K/V (norm and RoPE
-    on k) replace the cache's newest row in the tiles; the program whose split holds that
-    row also stores it in the cache. That is Qwen3's attention input
-    (``qk_norm_rope_cache_write``) without its own launch."""
+    program norms and rotates its query heads itself; the program whose split holds the
+    sequence's newest row computes that token's K/V (norm and RoPE on k), stores them in the
+    cache before its loop reads them (a CTA barrier orders its own threads), and patches them
+    into a tile it preloaded before the store. That is Qwen3's attention input
+    (``qk_norm_rope_cache_write``) without its own launch. The loop's tiles are not patched
+    in registers: an op between a load and its tl.dot stops Triton pipelining the loads."""
     if not PRELOAD:
         pdl_wait(PDL)
     b = tl.program_id(0)
@@ -167,9 +169,6 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     first = start
-    if FUSED_INPUT:
-        k_new = tl.zeros([1, BLOCK_D], k_ptr.dtype.element_ty)
-        v_new = tl.zeros([1, BLOCK_D], v_ptr.dtype.element_ty)
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
@@ -196,6 +195,7 @@ def _decode_kernel(
             dst = (slot // block_size) * stride_blk + (slot % block_size) * stride_slot + kvh * stride_head
             tl.store(k_ptr + dst + offs_d[None, :], k_new, mask=dmask[None, :])
             tl.store(v_ptr + dst + offs_d[None, :], v_new, mask=dmask[None, :])
+        tl.debug_barrier()  # the loop's loads by other threads see the row (same SM, same CTA)
     else:
         q = tl.load(
             q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
@@ -208,10 +208,8 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
-        k, v, nmask, offs_n, _, _ = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk,
-                                             stride_slot, stride_head, offs_d, dmask, BLOCK_N)
-        if FUSED_INPUT:
-            k, v = _with_new_row(k, v, k_new, v_new, offs_n, seq_len)
+        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk,
+                                        stride_slot, stride_head, offs_d, dmask, BLOCK_N)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
 
