@@ -213,7 +213,7 @@ class ModelRunner:
         if not sampling:
             return out
         rows = torch.tensor([ends[i + 1] - 1 for i in sampling], device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows)).float()
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
         chosen = [seqs[i] for i in sampling]
         sbatch = SamplingBatch.build(
             [s.sampling_params for s in chosen],
@@ -268,7 +268,7 @@ class ModelRunner:
             with forward_context(meta):
                 hidden = self.model(inputs.input_ids(n), inputs.positions(n))
                 logits = self.model.compute_logits(hidden)
-        result = self.sampler(logits.float(), sbatch)
+        result = self.sampler(logits, sbatch)
         slot = self._launches % 2
         self._launches += 1
         host = self._sampled_host[slot][:n]

@@ -215,7 +215,8 @@ def prompt_logprobs(logits: Tensor, target_ids: Tensor, n: int) -> list[Logprob]
 
 
 class Sampler(nn.Module):
-    """Logits [B, V] fp32 -> one token per row, plus logprobs for rows that ask.
+    """Logits [B, V] (any float dtype; computed on in fp32) -> one token per row, plus
+    logprobs for rows that ask.
 
     Logprobs are the log_softmax of the raw model output - before penalties, temperature
     and top-k/top-p/min-p - matching vLLM v1's default: they describe what the model
@@ -223,6 +224,10 @@ class Sampler(nn.Module):
     """
 
     def forward(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+        if batch.all_greedy and not batch.any_penalty and batch.max_logprobs is None:
+            # Widening to fp32 is exact, so the argmax (and its first-index tie rule) is the
+            # same on the model's dtype; skipping the copy saves a kernel a decode step.
+            return SamplerOutput(logits.argmax(dim=-1), [None] * logits.shape[0])
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
         logits = apply_penalties(logits, batch)

@@ -44,6 +44,24 @@ def test_greedy_is_argmax_and_first_max_on_ties():
     assert out.logprobs == [None] * 6
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_on_model_dtype_logits_equals_fp32(dtype):
+    # An all-greedy batch takes the argmax of the logits as the model produced them; a
+    # mixed batch (row 1 samples, row 2 wants logprobs) widens them to fp32 first. Ties in
+    # the narrow dtype (many here) must resolve to the same first index either way.
+    logits = (torch.randn(8, 3000, generator=gen(5)) * 4).to(dtype)
+    logits[3, 100] = logits[3, 2000] = logits[3].max()
+    wide = logits.float()
+    assert torch.equal(run(logits, [SamplingParams(temperature=0.0)] * 8).token_ids, wide.argmax(-1))
+    params = [SamplingParams(temperature=0.0)] * 8
+    params[1] = SamplingParams(temperature=0.8, seed=3)
+    params[2] = SamplingParams(temperature=0.0, logprobs=2)
+    mixed = run(logits, params, generators=[None, gen(3)] + [None] * 6)
+    keep = [i for i in range(8) if i != 1]
+    assert torch.equal(mixed.token_ids[keep], wide.argmax(-1)[keep])
+    assert mixed.logprobs[2] is not None and mixed.logprobs[2].logprob <= 0.0
+
+
 @pytest.mark.parametrize(
     "params",
     [
