@@ -84,7 +84,7 @@ class TritonAttentionBackend(AttentionBackend):
         ``new_tokens``). Other batches apply the input op, then attend over the written cache.
 
         Measured on an H200 (bench/decode_latency.py): fused, Qwen3-0.6B batch 32 (2 splits)
-        went 1.814 -> 1.788 ms a step. At batch 1 (32 splits, where the kernel preloads
+        went 1.805 -> 1.781 ms a step (1.814 -> 1.788 in another run). At batch 1 (32 splits, where the kernel preloads
         before its PDL wait) fusing slowed it, 0.912 -> 1.017 ms: the kernel grows from 108
         to 128 registers, and capping them at 112 (0.931) or not preloading (0.980) did not
         win it back, so those grids keep the separate launch."""
