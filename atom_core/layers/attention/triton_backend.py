@@ -54,7 +54,7 @@ class TritonAttentionBackend(AttentionBackend):
         if not cache_written:
             write_kv_cache(k, v, kv_cache, meta.slot_mapping)
         if meta.is_decode_only:
-            return self._decode(q, kv_cache, meta)
+            return self._decode(q, kv_cache, meta, self._splits(meta.seq_lens.shape[0], q.device))
         num_tokens = q.shape[0]
         q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
         out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
@@ -89,10 +89,11 @@ class TritonAttentionBackend(AttentionBackend):
         to 128 registers, and capping them at 112 (0.931) or not preloading (0.980) did not
         win it back, so those grids keep the separate launch."""
         if meta.is_decode_only and q.shape[0]:
-            if self._splits(meta.seq_lens.shape[0], q.device) < PRELOAD_MIN_SPLITS:
+            splits = self._splits(meta.seq_lens.shape[0], q.device)
+            if splits < PRELOAD_MIN_SPLITS:
                 new = NewTokenInput(k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions,
                                     spec.cos_sin_cache, meta.slot_mapping, spec.is_neox)
-                return self._decode(q, kv_cache, meta, new)
+                return self._decode(q, kv_cache, meta, splits, new)
         q, k = qk_norm_rope_cache_write(
             q, k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions, spec.cos_sin_cache,
             kv_cache, meta.slot_mapping, spec.is_neox,
@@ -100,11 +101,10 @@ class TritonAttentionBackend(AttentionBackend):
         return self.forward(q, k, v, kv_cache, meta, cache_written=True)
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                new: NewTokenInput | None = None) -> torch.Tensor:
+                splits: int, new: NewTokenInput | None = None) -> torch.Tensor:
         num_tokens = q.shape[0]
         q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
         out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
-        splits = self._splits(meta.seq_lens.shape[0], q.device)
         paged_decode_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
             self.scale, splits, new_tokens=new,
