@@ -54,7 +54,7 @@ def check(x, w, b, config):
     assert rel_err(out, reference(x, w, b)) < tolerance(x.dtype)
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 16])
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 17, 32])
 @pytest.mark.parametrize("config", [SMALL, SPLIT], ids=["no-split", "split-k"])
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_matches_f_linear(m, config, has_bias):
@@ -177,7 +177,7 @@ def test_tuned_none_calls_cublas(monkeypatch):
 
 def test_shipped_table_is_well_formed():
     for (n, k), per_m in gemv_config.TUNED.items():
-        assert set(per_m) <= {1, 2, 4, 8, 16}, (n, k)
+        assert set(per_m) <= {1, 2, 4, 8, 16, 32}, (n, k)
         for m, c in per_m.items():
             if c is None:
                 continue
@@ -200,11 +200,22 @@ def gated_config(split_k: int) -> GemvConfig:
     return GemvConfig(BLOCK_N=16, BLOCK_K=128, SPLIT_K=split_k, num_warps=4, num_stages=2)
 
 
-def no_kernel(*args, **kwargs):
-    raise AssertionError("the kernel ran on a call it does not serve")
+class FusedLaunchForbidden:
+    """Stands in for ``_gemv_kernel``: launches a plain product, raises on a fused one."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if kwargs["GATED"] or kwargs["NORM"]:
+                raise AssertionError("the fused kernel ran on a call it does not serve")
+            return REAL_KERNEL[grid](*args, **kwargs)
+
+        return launch
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
+REAL_KERNEL = gemv._gemv_kernel
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 32])
 @pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_silu_and_mul_linear_matches_native(m, split_k, has_bias):
@@ -241,17 +252,18 @@ def test_silu_and_mul_linear_strided_and_3d_input():
     assert rel_err(out, native_act.silu_and_mul_linear(x, w, b)) < tolerance(torch.float32)
 
 
-@pytest.mark.parametrize("case", ["many-rows", "cublas-bucket"])
+@pytest.mark.parametrize("case", ["two-rows", "past-max-rows", "cublas-bucket"])
 def test_silu_and_mul_linear_falls_back_to_two_ops(case, monkeypatch):
-    m = gemv.MAX_ROWS + 1 if case == "many-rows" else 2
+    # The fused forms serve one row: from two on, the two ops (the kernel must not run).
+    m = {"two-rows": 2, "past-max-rows": gemv.MAX_ROWS + 1, "cublas-bucket": 1}[case]
     x, w, b = rand(m, 2 * KG), rand(N, KG, seed=1), rand(N, seed=2)
     if case == "cublas-bucket":
         monkeypatch.setattr(gemv, "get_config", lambda *args: None)
     else:
         assert not gemv.supported(x, w, b, gated=True)
-    monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+    monkeypatch.setattr(gemv, "_gemv_kernel", FusedLaunchForbidden())
     out = silu_and_mul_linear(x, w, b)
-    assert torch.equal(out, F.linear(silu_and_mul(x), w, b))
+    assert torch.equal(out, linear(silu_and_mul(x), w, b))
     assert rel_err(out, native_act.silu_and_mul_linear(x, w, b)) < tolerance(torch.float32)
 
 
@@ -268,7 +280,7 @@ def norm_inputs(m: int, k: int, dtype=torch.float32, residual: bool = True):
     return x, res, nw, rand(N, k, dtype=dtype, seed=6), rand(N, dtype=dtype, seed=7)
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 32])
 @pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("residual", [False, True])
 def test_rms_norm_linear_matches_native(m, split_k, residual):
@@ -305,20 +317,20 @@ def test_rms_norm_linear_default_config_3d_input():
     assert rel_err(out, ref_out) < tolerance(torch.float32)
 
 
-@pytest.mark.parametrize("case", ["many-rows", "cublas-bucket", "strided-rows"])
+@pytest.mark.parametrize("case", ["two-rows", "past-max-rows", "cublas-bucket", "strided-row"])
 def test_rms_norm_linear_fallbacks_and_strided_rows(case, monkeypatch):
-    # many-rows and cublas-bucket must take the norm op and ``linear`` (the kernel raises
-    # if called); strided-rows is served by the kernel.
-    m = gemv.MAX_ROWS + 1 if case == "many-rows" else 2
+    # two-rows, past-max-rows and cublas-bucket must take the norm op and ``linear`` (a
+    # fused launch raises); strided-row is served by the fused kernel.
+    m = {"two-rows": 2, "past-max-rows": gemv.MAX_ROWS + 1}.get(case, 1)
     x, res, nw, w, b = norm_inputs(m, KG)
-    if case == "strided-rows":
-        # Served by the kernel: rows of a wider tensor.
+    if case == "strided-row":
+        # Served by the kernel: a row of a wider tensor.
         x = rand(m, 2 * KG, seed=3)[:, :KG]
     elif case == "cublas-bucket":
         monkeypatch.setattr(gemv, "get_config", lambda *args: None)
-        monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+        monkeypatch.setattr(gemv, "_gemv_kernel", FusedLaunchForbidden())
     else:
-        monkeypatch.setattr(gemv, "_gemv_kernel", no_kernel)
+        monkeypatch.setattr(gemv, "_gemv_kernel", FusedLaunchForbidden())
     out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b)
     ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
     assert torch.equal(summed, ref_summed)
