@@ -1,9 +1,9 @@
 """Decode-sized linear layers: F.linear (cuBLAS) vs the Triton skinny GEMM (``linear`` op).
 
     python bench/gemv.py [--models qwen3-0.6b qwen3-8b qwen3-30b-a3b deepseek-v2-lite]
-        [--rows 1 2 4 8 16 32] [--dtype bf16] [--calls 20] [--no-sweep]
+        [--rows 1 2 4 8 16] [--dtype bf16] [--calls 20] [--no-sweep]
         [--json bench/results/gemv.json]
-    python bench/gemv.py --table-from bench/results/gemv.json bench/results/gemv_m32.json
+    python bench/gemv.py --table-from bench/results/gemv.json [more.json ...]
 
 Shapes are every projection that goes through the ``linear`` op (attention, dense MLPs,
 shared experts, the LM head; not the routed experts, which are ``fused_moe``), from
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_timing import graph_us  # noqa: E402
 
 from atom_core.ops.triton.gemv import linear  # noqa: E402
-from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, block_m, get_config  # noqa: E402
+from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, get_config  # noqa: E402
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -93,7 +93,7 @@ def candidates(m: int, n: int, k: int, elem_size: int) -> list[GemvConfig]:
             continue  # a tile wider than K
         if split > 1 and math.ceil(k / bk) < 2 * split:
             continue  # splits of under two chunks: not worth the reduce kernel
-        if m > 1 and stages * (bn + block_m(m)) * bk * elem_size > SMEM_BYTES:
+        if m > 1 and stages * (bn + MAX_ROWS) * bk * elem_size > SMEM_BYTES:
             continue
         # The 1-row path keeps an fp32 [BLOCK_N, BLOCK_K] tile in registers: 8192 is 64 per
         # thread at 4 warps; 8 warps only pays for the largest tiles.
@@ -231,8 +231,7 @@ def load_config(model: str) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
-                    help=f"M values (<= {MAX_ROWS})")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16], help=f"M values (<= {MAX_ROWS})")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per CUDA graph")
     ap.add_argument("--no-sweep", action="store_true", help="time only cuBLAS and the default")

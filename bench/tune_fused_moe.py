@@ -2,7 +2,7 @@
 
     python bench/tune_fused_moe.py [--models qwen3-30b-a3b deepseek-v2-lite]
         [--shape E,K,H,I ...] [--tp 1] [--batch-sizes 1 2 4 ... 4096] [--dtype bf16]
-        [--no-graph] [--down] [--json bench/results/fused_moe_tuning.json]
+        [--no-graph] [--json bench/results/fused_moe_tuning.json]
 
 Shapes come from ``bench/configs/<model>/config.json`` (experts, top-k, hidden,
 moe_intermediate_size / tp) or ``--shape``. Each config is timed on the whole op
@@ -10,9 +10,7 @@ moe_intermediate_size / tp) or ``--shape``. Each config is timed on the whole op
 runs that way, on softmax-top-k routing of random logits; a config whose output is off
 the native reference, or that does not compile (shared memory), is skipped. Prints the
 best per batch size and a ``TUNED[(H, I)] = {...}`` entry for
-``atom_core/ops/triton/fused_moe_config.py``; ``--json`` keeps every timing. ``--down``
-holds the table's config for gate_up (and BLOCK_M) and sweeps the down kernel's own tiles,
-printing ``DOWN_TUNED`` entries where one beat the shared config by more than 3%.
+``atom_core/ops/triton/fused_moe_config.py``; ``--json`` keeps every timing.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
 from atom_core.ops.triton.fused_moe import fused_moe  # noqa: E402
-from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config  # noqa: E402
+from atom_core.ops.triton.fused_moe_config import MoeConfig  # noqa: E402
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -120,56 +118,9 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool) -> dict[int, dict]:
     return results
 
 
-def down_candidates(block_m: int, inter: int, elem_bytes: int) -> list[MoeConfig]:
-    """The down kernel's sweep at a fixed BLOCK_M: one A tile and one weight tile a stage."""
-    out = []
-    for n, k, warps, stages in itertools.product((32, 64, 128, 256), (64, 128, 256, 512), (4, 8), (2, 3, 4)):
-        if k > max(64, 2 ** math.ceil(math.log2(inter))) or stages * (block_m * k + k * n) * elem_bytes > SMEM_BYTES:
-            continue
-        if n == 256 and warps == 4:
-            continue
-        out.append(MoeConfig(BLOCK_M=block_m, BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages))
-    return out
-
-
-def tune_down(shape, batch_sizes, dtype, graph: bool, margin: float = 0.03) -> dict[int, dict]:
-    """Per batch size: the op with the table's shared config, and with each down config."""
-    experts, top_k, hidden, inter = shape
-    g = torch.Generator(device=DEVICE).manual_seed(0)
-    w13 = (torch.randn(experts, 2 * inter, hidden, device=DEVICE, generator=g) / hidden**0.5).to(dtype)
-    w2 = (torch.randn(experts, hidden, inter, device=DEVICE, generator=g) / inter**0.5).to(dtype)
-    results = {}
-    for tokens in batch_sizes:
-        x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(dtype)
-        logits = torch.randn(tokens, experts, device=DEVICE, generator=g)
-        weights, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
-        ref = native_fused_moe(x, w13, w2, weights, ids)
-        shared = get_config(tokens, top_k, experts, hidden, inter)
-        shared_ms = time_ms(functools.partial(fused_moe, x, w13, w2, weights, ids, config=shared), graph)
-        timings = []
-        for down in down_candidates(shared["BLOCK_M"], inter, x.element_size()):
-            run = functools.partial(fused_moe, x, w13, w2, weights, ids, config=shared, down_config=down)
-            try:
-                if rel_err(run(), ref) >= TOLERANCE[dtype]:
-                    continue
-                timings.append((time_ms(run, graph), down))
-            except Exception as e:  # out of shared memory / registers at compile time
-                print(f"  T={tokens} down {down}: {type(e).__name__}, skipped", flush=True)
-        timings.sort(key=lambda t: t[0])
-        best_ms, best = timings[0]
-        wins = best_ms < shared_ms * (1 - margin)
-        print(f"E={experts} k={top_k} H={hidden} I={inter} T={tokens:5d}: shared {shared_ms * 1e3:8.1f} us, "
-              f"best down {best_ms * 1e3:8.1f} us {best}{'' if wins else ' (not kept)'}", flush=True)
-        results[tokens] = {"shared": shared, "shared_us": shared_ms * 1e3, "best": best if wins else None,
-                           "best_us": best_ms * 1e3, "all": [{"us": ms * 1e3, **c} for ms, c in timings]}
-    return results
-
-
-def table_entry(hidden: int, inter: int, results: dict[int, dict], name: str = "TUNED") -> str:
-    lines = [f"{name}[({hidden}, {inter})] = {{"]
+def table_entry(hidden: int, inter: int, results: dict[int, dict]) -> str:
+    lines = [f"TUNED[({hidden}, {inter})] = {{"]
     for tokens, r in results.items():
-        if r["best"] is None:
-            continue
         args = ", ".join(f"{k}={v}" for k, v in r["best"].items())
         lines.append(f"    {tokens}: MoeConfig({args}),")
     return "\n".join(lines + ["}"])
@@ -183,7 +134,6 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--no-graph", action="store_true", help="time eager launches, not graph replay")
-    ap.add_argument("--down", action="store_true", help="sweep the down kernel's own tiles (DOWN_TUNED)")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fused_moe_tuning.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -194,10 +144,9 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "shapes": {}}
     entries = []
     for shape in shapes:
-        tune = tune_down if args.down else tune_shape
-        results = tune(shape, args.batch_sizes, dtype, graph=not args.no_graph)
+        results = tune_shape(shape, args.batch_sizes, dtype, graph=not args.no_graph)
         report["shapes"]["E={},k={},H={},I={}".format(*shape)] = {str(t): r for t, r in results.items()}
-        entries.append(table_entry(shape[2], shape[3], results, "DOWN_TUNED" if args.down else "TUNED"))
+        entries.append(table_entry(shape[2], shape[3], results))
     print("\n# for atom_core/ops/triton/fused_moe_config.py:\n" + "\n".join(entries))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")

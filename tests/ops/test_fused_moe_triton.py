@@ -10,13 +10,7 @@ pytest.importorskip("triton")
 
 from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
 from atom_core.ops.triton.fused_moe import fused_moe  # noqa: E402
-from atom_core.ops.triton.fused_moe_config import (  # noqa: E402
-    DOWN_TUNED,
-    MoeConfig,
-    get_config,
-    get_down_config,
-    token_bucket,
-)
+from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config, token_bucket  # noqa: E402
 from atom_core.ops.triton.moe_align import align_by_expert, aligned_capacity  # noqa: E402
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
 
@@ -47,35 +41,6 @@ def check(x, w13, w2, weights, ids, config=TINY):
 def test_matches_native(dtype, tokens, top_k):
     # H and I not multiples of the tiles: masked edges in every dimension.
     check(*moe_inputs(tokens, 6, top_k, 40, 24, dtype))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_down_kernel_with_its_own_tiles(dtype):
-    # Wider N and K tiles for the down kernel than for gate_up (same BLOCK_M), as
-    # DOWN_TUNED gives it; K (the intermediate size) spans two tiles and a masked tail.
-    x, w13, w2, weights, ids = moe_inputs(7, 6, 3, 40, 40, dtype)
-    down = MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, num_warps=4, num_stages=1)
-    got = fused_moe(x, w13, w2, weights, ids, config=TINY, down_config=down)
-    assert rel_err(got, native_fused_moe(x, w13, w2, weights, ids)) < tolerance(dtype)
-    with pytest.raises(ValueError, match="BLOCK_M"):
-        fused_moe(x, w13, w2, weights, ids, config=TINY, down_config={**down, "BLOCK_M": 32})
-
-
-def test_down_config_table():
-    assert DOWN_TUNED
-    for shape, per_bucket in DOWN_TUNED.items():
-        for bucket, down in per_bucket.items():
-            shared = get_config(bucket, 8, 128, *shape)
-            assert down["BLOCK_M"] == shared["BLOCK_M"], (shape, bucket)
-            assert get_down_config(bucket, *shape, shared) == down
-            # A shared config of another BLOCK_M (a caller's override) keeps its own tiles.
-            tall = {**shared, "BLOCK_M": 2 * shared["BLOCK_M"]}
-            assert get_down_config(bucket, *shape, tall) is tall
-        untuned = next(b for b in (1, 2, 4, 8, 16, 32, 64) if b not in per_bucket)
-        shared = get_config(untuned, 8, 128, *shape)
-        assert get_down_config(untuned, *shape, shared) is shared
-    shared = get_config(1, 8, 128, 1024, 512)
-    assert get_down_config(1, 1024, 512, shared) is shared  # a shape not in the table
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -54,7 +54,7 @@ def check(x, w, b, config):
     assert rel_err(out, reference(x, w, b)) < tolerance(x.dtype)
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 16, 17, 32])
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
 @pytest.mark.parametrize("config", [SMALL, SPLIT], ids=["no-split", "split-k"])
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_matches_f_linear(m, config, has_bias):
@@ -177,7 +177,7 @@ def test_tuned_none_calls_cublas(monkeypatch):
 
 def test_shipped_table_is_well_formed():
     for (n, k), per_m in gemv_config.TUNED.items():
-        assert set(per_m) <= {1, 2, 4, 8, 16, 32}, (n, k)
+        assert set(per_m) <= {1, 2, 4, 8, 16}, (n, k)
         for m, c in per_m.items():
             if c is None:
                 continue
@@ -215,7 +215,7 @@ class FusedLaunchForbidden:
 REAL_KERNEL = gemv._gemv_kernel
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 32])
+@pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("has_bias", [False, True])
 def test_silu_and_mul_linear_matches_native(m, split_k, has_bias):
@@ -280,7 +280,7 @@ def norm_inputs(m: int, k: int, dtype=torch.float32, residual: bool = True):
     return x, res, nw, rand(N, k, dtype=dtype, seed=6), rand(N, dtype=dtype, seed=7)
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 32])
+@pytest.mark.parametrize("m", [1, 3, 16])
 @pytest.mark.parametrize("split_k", [1, 4])
 @pytest.mark.parametrize("residual", [False, True])
 def test_rms_norm_linear_matches_native(m, split_k, residual):

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config, get_down_config
+from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
 from atom_core.ops.triton.moe_align import align_by_expert
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
@@ -131,25 +131,16 @@ def fused_moe(
     topk_ids: torch.Tensor,
     *,
     config: MoeConfig | None = None,
-    down_config: MoeConfig | None = None,
 ) -> torch.Tensor:
-    """[T, H] MoE output; ``config`` (both kernels, unless ``down_config``: the down
-    kernel's own, same BLOCK_M) overrides the tables' block sizes (for tuning)."""
+    """[T, H] MoE output; ``config`` overrides the table's block sizes (for tuning)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, inter2, hidden_size = w13.shape
     inter = inter2 // 2
     num_pairs = num_tokens * top_k
     if config is None:
         config = get_config(num_tokens, top_k, num_experts, hidden_size, inter)
-        if down_config is None:
-            down_config = get_down_config(num_tokens, hidden_size, inter, config)
-    if down_config is None:
-        down_config = config
-    if down_config["BLOCK_M"] != config["BLOCK_M"]:
-        raise ValueError("the down kernel's BLOCK_M must be the gate_up kernel's: they share the alignment")
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    pdl = pdl_options(hidden.device)
-    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl}
+    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl_options(hidden.device)}
     x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     weights = topk_weights.reshape(-1).contiguous()
     sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, block_m)
@@ -163,11 +154,10 @@ def fused_moe(
     )
     # Pairs with an out-of-range id have no row and no program writes theirs: the sum skips them.
     per_pair = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
-    _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, down_config["BLOCK_N"]))](
+    _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
         act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
         sorted_pairs, block_expert, num_pairs, hidden_size, inter,
-        BLOCK_M=block_m, BLOCK_N=down_config["BLOCK_N"], BLOCK_K=down_config["BLOCK_K"], PRECISION=precision,
-        num_warps=down_config["num_warps"], num_stages=down_config["num_stages"], **pdl,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
     )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
@@ -175,6 +165,6 @@ def fused_moe(
     block_h = min(4096 // block_k, triton.next_power_of_2(hidden_size))
     _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden_size, block_h))](
         per_pair, ids, out, top_k, num_experts, hidden_size, BLOCK_K=block_k, BLOCK_H=block_h,
-        num_warps=4, **pdl,
+        num_warps=4, **pdl_options(hidden.device),
     )
     return out

@@ -3,9 +3,7 @@
 ``TUNED`` holds what ``bench/tune_fused_moe.py`` found best on a GPU for a model's
 (H, I), per power-of-two token bucket; shapes it lacks fall back to ``default_config``,
 picked from the expected rows per expert (T * k / E), which decides how much of each
-BLOCK_M tile is real work. That config serves both GEMMs unless ``DOWN_TUNED`` gives the
-down kernel its own (its K is the short intermediate size, where the gate_up kernel's
-tiles leave it with two or three iterations a program).
+BLOCK_M tile is real work.
 """
 
 from __future__ import annotations
@@ -36,18 +34,6 @@ TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
 }
 
 
-# (hidden, inter) -> {token bucket: the down kernel's config}, from `python
-# bench/tune_fused_moe.py --down --batch-sizes 1 32` (the table's gate_up config held, the down
-# kernel's swept; kept where it beat the shared config by more than 3%). BLOCK_M is the
-# shared config's: both kernels walk one alignment. Qwen3-30B-A3B at one token: the whole op
-# 37.5 -> 29.2 us; at 32 tokens no down config beat the shared one.
-DOWN_TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
-    (2048, 768): {
-        1: MoeConfig(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, num_warps=4, num_stages=3),
-    },
-}
-
-
 def token_bucket(num_tokens: int) -> int:
     """The power of two at or above num_tokens (1, 2, 4, ...)."""
     return 1 << max(0, num_tokens - 1).bit_length()
@@ -72,10 +58,3 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter
         if above:
             return table[min(above)]
     return default_config(num_tokens, top_k, num_experts)
-
-
-def get_down_config(num_tokens: int, hidden: int, inter: int, config: MoeConfig) -> MoeConfig:
-    """The down kernel's config: ``DOWN_TUNED``'s at this exact token bucket where it has one
-    with ``config``'s BLOCK_M, else ``config`` itself."""
-    down = DOWN_TUNED.get((hidden, inter), {}).get(token_bucket(num_tokens))
-    return down if down is not None and down["BLOCK_M"] == config["BLOCK_M"] else config

@@ -9,11 +9,11 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
 - M == 1: multiply-and-add into a [BLOCK_N, BLOCK_K] fp32 tile, one reduction at the end
   (no tensor cores: a 1-row product is a dot per output, and BLOCK_N can go below the
   16 that ``tl.dot`` needs, which gives small-N matrices more programs).
-- 2 <= M <= MAX_ROWS (32): ``tl.dot`` on x padded to 16 rows (``tl.dot``'s smallest tile),
-  or 32 past 16, so every row shares one pass over W. A batch-32 decode step still reads
-  W once, where cuBLAS's tilings for 32 rows reach 2.5-3.5 TB/s on the attention
-  projections, and the fused forms below keep their launch saved. Larger M falls back to
-  ``F.linear``: there a second row tile would re-read W and cuBLAS's tilings pay.
+- 2 <= M <= MAX_ROWS: ``tl.dot`` on x padded to 16 rows. 16 is ``tl.dot``'s smallest tile,
+  so every row shares one pass over W; larger M falls back to ``F.linear``. A 32-row tile
+  was tried: bench/gemv.py timed it ahead of cuBLAS on some projections (Qwen3-8B o_proj
+  12.2 against 13.5 us), but in the model it slowed batch-32 decode on the H200 (Qwen3-8B
+  5.790 -> 5.900 ms a step, Qwen3-30B-A3B 15.24 -> 16.61, one device call).
 - SPLIT_K > 1 (few output features, long K: o_proj, down_proj) splits K across programs
   so the grid fills the GPU. The partial sums go to an fp32 [SPLIT_K, M, N] buffer that a
   second kernel sums in a fixed order, casts and biases: bitwise reproducible, unlike
@@ -51,7 +51,7 @@ import triton.language as tl
 
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.ops.triton.activation import silu_and_mul
-from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, block_m, get_config
+from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
 from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
@@ -253,7 +253,7 @@ def _launch(
     _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         res2, norm_weight, summed if summed is not None else x2, ss, eps,
-        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m(m),
+        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
         BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
