@@ -1,7 +1,7 @@
 """Decode latency (TPOT) on dummy-weight models (Qwen3 dense and MoE, DeepSeek-V2-Lite): ATOM
 vs transformers' static cache, beside the HBM roofline measured in the same run.
 
-    python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 32]
+    python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 16 32]
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
         [--profile-batch-sizes 1 32] [--json bench/results/decode_latency.json]
 
@@ -239,7 +239,9 @@ def main() -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
+    # 16 as well: the kernels switch paths between 1 and 32 rows (the skinny GEMM serves up
+    # to 16), and a slowdown there once went unseen while only 1 and 32 were measured.
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 32])
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--hf-output-len", type=int, default=64,

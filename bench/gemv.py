@@ -13,8 +13,10 @@ the weight to overflow L2, as a decode step's layers each read their own weight.
 shape and M: cuBLAS, the Triton default heuristic, and the best of a small config sweep,
 in microseconds and TB/s (weight + x + out bytes / time; "triton" is what the op runs
 today: ``TUNED`` if it has the shape, else the default heuristic), beside the copy bandwidth
-(read + write) measured in the same run. Prints ``TUNED`` entries for
-``atom_core/ops/triton/gemv_config.py`` and writes every timing to ``--json``;
+(read + write) measured in the same run. Projections the model runs as a fused op (the
+pre-norm's ``rms_norm_linear``, the gated MLP's ``silu_and_mul_linear``) also time that op
+against its two ops ("fused us", "2 ops us"), as the model calls them. Prints ``TUNED``
+entries for ``atom_core/ops/triton/gemv_config.py`` and writes every timing to ``--json``;
 ``--table-from`` prints the entries of stored runs merged (later files win), no GPU needed.
 """
 
@@ -38,13 +40,21 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from gpu_timing import graph_us  # noqa: E402
 
-from atom_core.ops.triton.gemv import linear  # noqa: E402
+from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
+from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
 from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, get_config  # noqa: E402
+from atom_core.ops.triton.norm import fused_add_rms_norm  # noqa: E402
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 SMEM_BYTES = 220 * 1024  # H100/H200 allow 227 KiB per block; keep a little slack
+# Projections a decoder layer runs through a fused op: "norm" (``rms_norm_linear``: the
+# pre-norm's residual add + RMSNorm, then this projection), "gated" (``silu_and_mul_linear``:
+# x is gate | up, twice K wide). DeepSeek's shared experts sit in a MoE block, which keeps
+# its norm apart (the router reads the normed input too), but their down is gated.
+FUSED = {"qkv_proj": "norm", "gate_up": "norm", "mlp.gate_up": "norm",
+         "down": "gated", "mlp.down": "gated", "shared.down": "gated"}
 
 
 def projections(cfg: dict[str, Any]) -> list[tuple[str, int, int, int]]:
@@ -117,7 +127,8 @@ def config_str(c: GemvConfig) -> str:
 
 HEADER = (
     f"{'model':16} {'proj':14} {'N':>6} {'K':>6} {'M':>3} | {'cuBLAS us':>9} {'TB/s':>5} | "
-    f"{'triton us':>9} {'TB/s':>5} | {'best us':>8} {'TB/s':>5} {'best config':>22}"
+    f"{'triton us':>9} {'TB/s':>5} | {'best us':>8} {'TB/s':>5} {'best config':>22} | "
+    f"{'fused us':>8} {'2 ops us':>8}"
 )
 
 
@@ -128,9 +139,10 @@ def table_row(r: dict[str, Any]) -> str:
         return f"{us:{width}.2f} {tbps(r['bytes'], us):5.2f}"
 
     best = config_str(r["best_config"]) if r.get("best_config") else "-"
+    fused = "" if r.get("fused_us") is None else f" | {r['fused_us']:8.2f} {r['two_ops_us']:8.2f}"
     return (
         f"{r['model']:16} {r['proj']:14} {r['N']:6d} {r['K']:6d} {r['M']:3d} | {cell(r['cublas_us'], 9)} | "
-        f"{cell(r['triton_us'], 9)} | {cell(r.get('best_us'), 8)} {best:>22}"
+        f"{cell(r['triton_us'], 9)} | {cell(r.get('best_us'), 8)} {best:>22}{fused}"
     )
 
 
@@ -203,6 +215,8 @@ def bench_shape(
             "cublas_us": graph_us(calls_of(F.linear, x)), "triton_us": graph_us(calls_of(linear, x)),
         }
         r["triton_err"] = rel_err(linear(x, weights[0]), ref)
+        if proj in FUSED:
+            r["fused_us"], r["two_ops_us"] = time_fused(FUSED[proj], x, calls_of)
         if sweep:
             swept = []
             for c in candidates(m, n, k, elem):
@@ -222,6 +236,21 @@ def bench_shape(
     weights.clear()  # free them before the next shape's
     torch.cuda.empty_cache()
     return results
+
+
+def time_fused(
+    kind: str, x: torch.Tensor, calls_of: Callable[..., list[Callable[[], Any]]]
+) -> tuple[float, float]:
+    """(the fused op, its two ops) in us per call, on inputs shaped like x's rows."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    if kind == "gated":
+        xg = torch.randn(x.shape[0], 2 * x.shape[1], device="cuda", generator=g).to(x.dtype)
+        return (graph_us(calls_of(silu_and_mul_linear, xg)),
+                graph_us(calls_of(lambda a, w: linear(silu_and_mul(a), w), xg)))
+    res = torch.randn(x.shape, device="cuda", generator=g).to(x.dtype)
+    nw = (1 + 0.1 * torch.randn(x.shape[1], device="cuda", generator=g)).to(x.dtype)
+    return (graph_us(calls_of(lambda a, w: rms_norm_linear(a, res, nw, 1e-6, w), x)),
+            graph_us(calls_of(lambda a, w: linear(fused_add_rms_norm(a, res, nw, 1e-6)[0], w), x)))
 
 
 def load_config(model: str) -> dict[str, Any]:

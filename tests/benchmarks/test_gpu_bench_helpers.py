@@ -159,6 +159,6 @@ def test_transformers_builds_every_bench_model():
 
 def test_the_scripts_parse_their_flags():
     args = decode_latency.parse_args(["--models", *gpu_models.MODELS, "--profile"])
-    assert args.batch_sizes == [1, 32] and args.hf_output_len == 64 and args.profile_batch_sizes is None
+    assert args.batch_sizes == [1, 16, 32] and args.hf_output_len == 64 and args.profile_batch_sizes is None
     args = throughput_offline.parse_args(["--model", "qwen3-30b-a3b", "--profile", "16"])
     assert args.profile == 16 and args.profile_start is None
