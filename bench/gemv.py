@@ -10,7 +10,8 @@ shared experts, the LM head; not the routed experts, which are ``fused_moe``), f
 ``bench/configs/<model>/config.json``. Each op is timed as a CUDA graph of ``--calls``
 back-to-back calls (no launch gaps), replayed; the calls cycle through enough copies of
 the weight to overflow L2, as a decode step's layers each read their own weight. For each
-shape and M: cuBLAS, the Triton default heuristic, and the best of a small config sweep,
+shape and M: cuBLAS, the Triton default heuristic, and the best of a small config sweep
+(its three leaders timed again, and cuBLAS again beside them, before the table compares),
 in microseconds and TB/s (weight + x + out bytes / time; "triton" is what the op runs
 today: ``TUNED`` if it has the shape, else the default heuristic), beside the copy bandwidth
 (read + write) measured in the same run. Projections the model runs as a fused op (the
@@ -229,13 +230,28 @@ def bench_shape(
                     print(f"  {proj} M={m} {config_str(c)}: {type(e).__name__}, skipped", flush=True)
             swept.sort(key=lambda t: t[0])
             if swept:
-                r["best_us"], r["best_config"] = swept[0]
+                r["best_us"], r["best_config"] = retime_leaders(
+                    swept, lambda c, x=x: graph_us(calls_of(linear, x, config=c)))
+                # cuBLAS timed again beside the leaders: the table compares the two.
+                r["cublas_first_us"], r["cublas_us"] = r["cublas_us"], graph_us(calls_of(F.linear, x))
             r["swept"] = [{"us": us, **c} for us, c in swept]
         print(table_row(r), flush=True)
         results.append(r)
     weights.clear()  # free them before the next shape's
     torch.cuda.empty_cache()
     return results
+
+
+def retime_leaders(
+    swept: list[tuple[float, GemvConfig]], time_config: Callable[[GemvConfig], float], leaders: int = 3
+) -> tuple[float, GemvConfig]:
+    """The fastest of the ``leaders`` best swept configs, each timed once more.
+
+    The minimum of a sweep's ~40 noisy timings is biased low (the winner's curse): a
+    config chosen that way measured 11.9 us in its sweep and 17.0 in a later run, against
+    13.5 for cuBLAS. Fresh timings of the leaders decide instead."""
+    again = [(time_config(c), c) for _, c in swept[:leaders]]
+    return min(again, key=lambda t: t[0])
 
 
 def time_fused(

@@ -46,3 +46,18 @@ def test_table_from_merges_runs_later_files_winning(tmp_path, capsys):
     assert "1: GemvConfig(BLOCK_N=4," in out  # only in the first run
     assert "4: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in out  # the second run's point
     assert "4: None" not in out
+
+
+def test_the_sweeps_leaders_are_timed_again_before_one_is_chosen():
+    # Swept minima: CFG looked fastest, but timed again it is the slowest of the leaders.
+    third, fourth = {**CFG, "num_stages": 3}, {**CFG, "BLOCK_N": 8}
+    swept = [(9.0, CFG), (9.5, CFG2), (9.9, third), (12.0, fourth)]
+    again = {(4, 2): 11.0, (64, 3): 10.0, (4, 3): 10.5}  # (BLOCK_N, num_stages) -> us
+    timed = []
+
+    def time_config(c):
+        timed.append(c)
+        return again[(c["BLOCK_N"], c["num_stages"])]
+
+    assert gemv.retime_leaders(swept, time_config) == (10.0, CFG2)
+    assert timed == [CFG, CFG2, third]  # the three leaders only
