@@ -60,15 +60,31 @@ def test_cache_written_skips_the_write_and_is_refused_where_unsupported():
         layer(q, k, v, cache_written=True)
 
 
-def test_qk_norm_rope_input_is_refused_by_a_backend_without_it():
-    layer = Attention(4, 8, 0.5, 2)
-    assert not layer.accepts_qk_norm_rope  # the native backend: the model applies them itself
-    q, k, v = torch.randn(3, 32), torch.randn(3, 16), torch.randn(3, 16)
+@pytest.mark.parametrize("written_cache", [True, False], ids=["one-op", "norm-and-rope-ops"])
+def test_qk_norm_rope_input_by_default_is_the_ops_then_attention(written_cache):
+    # The default forward_qk_norm_rope: qk_norm_rope_cache_write where the backend takes a
+    # written cache, else the rms_norm op per head and the rotary op; either way the same
+    # output and cache as applying the norms and RoPE by hand, then forward(q, k, v).
+    from atom_core.ops.native.norm import rms_norm
+    from atom_core.ops.native.rotary import rotary_embedding
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, n, generator=g) for n in (32, 16, 16))
+    spec = QKNormRope(1 + 0.1 * torch.randn(8, generator=g), 1 + 0.1 * torch.randn(8, generator=g), 1e-6,
+                      torch.tensor([0, 1, 2]), torch.randn(4, 8, generator=g), True)
     kv = PagedKV(num_blocks=4, block_size=4)
     meta, _ = kv.step([kv.add_sequence()], [3])
+    layer = Attention(4, 8, 0.5, 2)
+    layer.backend.accepts_written_cache = written_cache
     layer.kv_cache = torch.zeros(layer.kv_cache_shape(4, 4))
-    spec = QKNormRope(torch.ones(8), torch.ones(8), 1e-6, torch.arange(3), torch.zeros(8, 8), True)
-    with forward_context(meta), pytest.raises(RuntimeError, match="does not apply q/k norms"):
-        layer.forward_qk_norm_rope(q, k, v, spec)
-    with pytest.raises(NotImplementedError, match="forward_qk_norm_rope"):
-        layer.backend.forward_qk_norm_rope(q, k, v, layer.kv_cache, meta, spec)
+    with forward_context(meta):
+        got = layer.forward_qk_norm_rope(q, k, v, spec)
+    got_cache, layer.kv_cache = layer.kv_cache, torch.zeros(layer.kv_cache_shape(4, 4))
+    qn = rms_norm(q.reshape(-1, 8), spec.q_weight, spec.eps).view(q.shape)
+    kn = rms_norm(k.reshape(-1, 8), spec.k_weight, spec.eps).view(k.shape)
+    qn, kn = rotary_embedding(spec.positions, qn, kn, 8, spec.cos_sin_cache, True)
+    with forward_context(meta):
+        ref = layer(qn, kn, v)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_cache, layer.kv_cache, rtol=1e-6, atol=1e-6)
+    assert got_cache.abs().sum() > 0

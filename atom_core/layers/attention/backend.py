@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from atom_core.layers.attention.metadata import AttentionMetadata
+from atom_core.ops import resolve_op
 
 
 @dataclass(frozen=True)
@@ -36,20 +39,20 @@ class AttentionBackend(ABC):
     so the backend skips its own write. Only backends over the dense cache layout above
     can accept it; the default is False, and then the keyword is never passed.
 
-    A backend with ``accepts_qk_norm_rope`` also takes ``forward_qk_norm_rope``: q, k and v
-    as the qkv projection produced them, with the norms and RoPE still to apply (a model
-    asks for it only where its attention input is exactly ``QKNormRope``). Decode kernels
-    can then fold the whole attention input into attention's own launch.
+    ``forward_qk_norm_rope`` takes q, k and v as the qkv projection produced them, with
+    ``QKNormRope``'s norms and RoPE still to apply (Qwen3's attention input). Every backend
+    has it: the default runs the input's ops, then ``forward``; a backend whose decode
+    kernels can fold the whole attention input into their own launch overrides it.
     """
 
     accepts_written_cache: bool = False
-    accepts_qk_norm_rope: bool = False
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_kv_heads
         self.scale = scale
+        self._ops: dict[tuple[str, str], Callable[..., Any]] = {}  # see _op
 
     @staticmethod
     def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -76,4 +79,26 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         spec: QKNormRope,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
-        raise NotImplementedError(f"{type(self).__name__} does not take forward_qk_norm_rope")
+        """The input's ops on q's device, then ``forward``: norms, RoPE and the K/V cache
+        write in one op (``qk_norm_rope_cache_write``) where this backend accepts a written
+        cache, else the ``rms_norm`` op per head and the ``rotary_embedding`` op."""
+        if self.accepts_written_cache:
+            q, k = self._op("qk_norm_rope_cache_write", q.device)(
+                q, k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions, spec.cos_sin_cache,
+                kv_cache, meta.slot_mapping, spec.is_neox,
+            )
+            return self.forward(q, k, v, kv_cache, meta, cache_written=True)
+        norm, d = self._op("rms_norm", q.device), self.head_dim
+        # Per-head norms: each token's heads as rows of head_dim.
+        q = norm(q.reshape(-1, d), spec.q_weight, spec.eps).view(q.shape)
+        k = norm(k.reshape(-1, d), spec.k_weight, spec.eps).view(k.shape)
+        q, k = self._op("rotary_embedding", q.device)(spec.positions, q, k, d, spec.cos_sin_cache, spec.is_neox)
+        return self.forward(q, k, v, kv_cache, meta)
+
+    def _op(self, name: str, device: torch.device) -> Callable[..., Any]:
+        """The registry's op for device, resolved once per backend (a layer's eager step
+        would otherwise filter and sort the registry three times)."""
+        key = (name, device.type)
+        if key not in self._ops:
+            self._ops[key] = resolve_op(name, device)
+        return self._ops[key]

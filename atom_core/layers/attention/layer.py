@@ -54,12 +54,6 @@ class Attention(nn.Module):
         because a fused op such as ``qk_norm_rope_cache_write`` stored them in ``kv_cache``."""
         return self.backend.accepts_written_cache
 
-    @property
-    def accepts_qk_norm_rope(self) -> bool:
-        """True when the backend applies Qwen3's q/k norms and RoPE itself
-        (``forward_qk_norm_rope``), fusing them into its kernels where it can."""
-        return self.backend.accepts_qk_norm_rope
-
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_written: bool = False
     ) -> torch.Tensor:
@@ -78,12 +72,7 @@ class Attention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: QKNormRope
     ) -> torch.Tensor:
         """Attention of q/k/v straight from the projection: the backend norms and rotates q
-        and k (``spec``) and stores the new K/V."""
-        if not self.accepts_qk_norm_rope:
-            raise RuntimeError(
-                f"attention backend {self.backend_name!r} does not apply q/k norms and RoPE; "
-                "apply them and call forward(q, k, v)"
-            )
+        and k (``spec``) and stores the new K/V, in its own kernels where it can."""
         meta = self._metadata()
         return self.backend.forward_qk_norm_rope(q, k, v, self.kv_cache, meta, spec)
 

@@ -36,7 +36,6 @@ class TritonAttentionBackend(AttentionBackend):
 
     cuda_graph_safe = True
     accepts_written_cache = True
-    accepts_qk_norm_rope = True
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         super().__init__(num_heads, head_dim, num_kv_heads, scale)

@@ -14,12 +14,10 @@ from torch import nn
 
 from atom_core.layers.attention.backend import QKNormRope
 from atom_core.layers.attention.layer import Attention
-from atom_core.layers.context import get_build_context, get_forward_context
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel, GatedMLP
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import get_rope, rope_config
-from atom_core.ops import resolve_op
 
 
 class Qwen3Attention(nn.Module):
@@ -29,7 +27,6 @@ class Qwen3Attention(nn.Module):
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         bias = getattr(config, "attention_bias", False)
-        self.head_dim = head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, bias)
         self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, bias)
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -42,11 +39,6 @@ class Qwen3Attention(nn.Module):
         self.attn = Attention(
             self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
         )
-        # Norms, RoPE and the K/V cache write inside the backend's kernels where it takes
-        # them; else in one op, where the backend lets it write the cache; else unfused.
-        self._fused = None
-        if not self.attn.accepts_qk_norm_rope and self.attn.accepts_written_cache:
-            self._fused = resolve_op("qk_norm_rope_cache_write", get_build_context().device)
 
     @property
     def input_proj(self) -> QKVParallelLinear:
@@ -58,23 +50,12 @@ class Qwen3Attention(nn.Module):
 
     def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # The per-head norms, RoPE and the K/V cache write go to the attention backend: its
+        # own kernels where it fuses them (Triton decode), else as ops before attention.
         rope = self.rotary_emb
-        if self.attn.accepts_qk_norm_rope and self.attn.kv_cache is not None:
-            spec = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
-                              rope.cos_sin_cache, rope.is_neox)
-            return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec))
-        if self._fused is not None and self.attn.kv_cache is not None:
-            q, k = self._fused(
-                q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
-                rope.cos_sin_cache, self.attn.kv_cache, get_forward_context().slot_mapping,
-                rope.is_neox,
-            )
-            return self.o_proj(self.attn(q, k, v, cache_written=True))
-        # Per-head norms: view each token's heads as rows of head_dim.
-        q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
-        k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        spec = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
+                          rope.cos_sin_cache, rope.is_neox)
+        return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec))
 
 
 def qwen3_mlp(config: Any) -> GatedMLP:

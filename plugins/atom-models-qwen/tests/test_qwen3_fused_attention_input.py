@@ -1,5 +1,6 @@
 """Qwen3's attention input through qk_norm_rope_cache_write (norms + RoPE + K/V cache write
-in one op) gives the same logits and caches, bit for bit, as the unfused path (CPU, fp32)."""
+in one op) gives the same logits and caches, bit for bit, as the norm and rotary ops with
+attention's own cache write (the backend's two default paths; CPU, fp32)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import torch
 from atom_models_qwen.model import Qwen3Attention
 
 from atom_core.config import Config
+from atom_core.layers.attention import backend as attention_backend
 from atom_core.layers.context import forward_context
 from atom_core.loader import load_model
+from atom_core.ops import resolve_op
 from tests.layers.harness import PagedKV, allocate_kv_caches
 from tests.tiny_models import tiny_model_dir
 
@@ -27,19 +30,23 @@ def run_steps(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Te
     return logits, caches
 
 
-def test_fused_matches_unfused_path():
+def test_fused_matches_unfused_path(monkeypatch):
     model = load_model(Config.from_kwargs(model=str(tiny_model_dir("qwen3"))), "cpu", torch.float32).model
-    attns = [m for m in model.modules() if isinstance(m, Qwen3Attention)]
-    assert attns and all(a._fused is not None for a in attns)  # the native backend accepts it
+    attns = [m.attn for m in model.modules() if isinstance(m, Qwen3Attention)]
+    assert attns and all(a.accepts_written_cache for a in attns)  # the native backend
     calls = []
-    for a in attns:
-        fused = a._fused
-        a._fused = lambda *args, _f=fused: calls.append(1) or _f(*args)
+
+    def counting(name, device):
+        op = resolve_op(name, device)
+        return (lambda *args: calls.append(1) or op(*args)) if name == "qk_norm_rope_cache_write" else op
+
+    monkeypatch.setattr(attention_backend, "resolve_op", counting)
     fused_logits, fused_caches = run_steps(model)
-    assert len(calls) == 3 * len(attns)
-    for a in attns:
-        a._fused = None
+    assert len(calls) == 3 * len(attns)  # the one op, every layer of every step
+    for a in attns:  # as a backend with its own cache layout: the norm and rotary ops
+        a.backend.accepts_written_cache = False
     logits, caches = run_steps(model)
+    assert len(calls) == 3 * len(attns)
     for a, b in zip(fused_logits, logits):
         assert torch.equal(a, b)
     for a, b in zip(fused_caches, caches):
