@@ -17,8 +17,13 @@ triton = pytest.importorskip("triton")
 from atom_core.ops import resolve_op  # noqa: E402
 from atom_core.ops.native import activation as native_act  # noqa: E402
 from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
-from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
-from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, default_config  # noqa: E402
+from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear, supported  # noqa: E402
+from atom_core.ops.triton.gemv_config import (  # noqa: E402
+    MAX_ROWS,
+    ROW_BLOCKS_MAX_ROWS,
+    GemvConfig,
+    default_config,
+)
 from tests.ops.reference import rel_err, tolerance  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -150,12 +155,28 @@ def test_silu_and_mul_linear_registered_for_cuda():
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("experts", [128, 64])  # Qwen3-30B-A3B's and DeepSeek-V2-Lite's routers
 def test_fp32_router_weight_promotes_x(experts, x_dtype):
+    # Past MAX_ROWS the router's rows go in blocks (the FMA path), up to ROW_BLOCKS_MAX_ROWS.
     w = weight(experts, 2048, torch.float32)
-    for m in range(1, MAX_ROWS + 1):
+    for m in [*range(1, MAX_ROWS + 1), 17, 24, 32, 48, 64, 100, ROW_BLOCKS_MAX_ROWS]:
         x = rand(m, 2048, dtype=x_dtype, seed=m)
+        assert supported(x, w, None), m
         got = linear(x, w)
         assert got.dtype == torch.float32
         assert rel_err(got, F.linear(x.float(), w)) < tolerance(torch.float32), m
+    assert not supported(rand(ROW_BLOCKS_MAX_ROWS + 1, 2048, dtype=x_dtype), w, None)
+
+
+def test_fp32_router_graph_replay_equals_eager():
+    w = weight(128, 2048, torch.float32)
+    x = rand(32, 2048, dtype=torch.bfloat16)
+    linear(x, w)  # compiles before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear(x, w)
+    x.copy_(rand(32, 2048, dtype=torch.bfloat16, seed=5))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, linear(x, w))
 
 
 NORM_SHAPES = ["qwen3-0.6b.qkv", "qwen3-0.6b.gate_up", "qwen3-8b.qkv", "qwen3-30b-a3b.qkv"]

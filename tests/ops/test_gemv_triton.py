@@ -100,7 +100,9 @@ def test_split_past_k_is_dropped():
 )
 def test_falls_back_to_f_linear(case, monkeypatch):
     x, w, b = rand(gemv.MAX_ROWS + 1, K), rand(N, K, seed=1), rand(N, seed=2)
-    if case == "strided-weight":
+    if case == "many-rows":  # past MAX_ROWS with a weight above the small-weight bound
+        monkeypatch.setattr(gemv, "ROW_BLOCKS_MAX_WEIGHT_BYTES", w.numel() * w.element_size() - 1)
+    elif case == "strided-weight":
         x, w = x[:2], rand(K, N, seed=1).t()
     elif case == "dtype-mismatch":  # only an fp32 weight takes another x dtype
         x, w, b = x[:2], w.half(), None
@@ -121,8 +123,36 @@ def test_falls_back_to_f_linear(case, monkeypatch):
     assert torch.equal(linear(x, w, b), F.linear(x, w, b))
 
 
+@pytest.mark.parametrize("m", [17, 32, 40])
+@pytest.mark.parametrize("config", [SMALL, SPLIT, None], ids=["no-split", "split-k", "default"])
+def test_row_blocks_past_max_rows_for_a_small_weight(m, config):
+    # Rows in blocks of MAX_ROWS on a third grid axis (40: a partial last block), each
+    # block writing only its own rows, also through the split-K reduce.
+    x, w, b = rand(m, K, seed=m), rand(N, K, seed=1), rand(N, seed=2)
+    assert gemv.supported(x, w, b)
+    check(x, w, b, config)
+    check(x.half(), w.half(), b.half(), config)
+
+
+def test_row_blocks_stop_at_their_bounds(monkeypatch):
+    w = rand(N, K, seed=1)
+    assert gemv.supported(rand(gemv_config.ROW_BLOCKS_MAX_ROWS, K), w, None)
+    assert not gemv.supported(rand(gemv_config.ROW_BLOCKS_MAX_ROWS + 1, K), w, None)
+    # The fused forms stay one-row whatever the weight's size.
+    assert not gemv.supported(rand(2, 2 * K), w, None, gated=True)
+    assert not gemv.supported(rand(17, K), w, None, fused=True)
+    # The shipped bound: both MoE routers' fp32 gates are in, the smallest bf16 projection of
+    # the benchmarked models (DeepSeek-V2-Lite's kv_a_proj, 576 x 2048) is out.
+    def nbytes(n, k, dtype):
+        return n * k * torch.tensor([], dtype=dtype).element_size()
+
+    assert nbytes(128, 2048, torch.float32) <= gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES
+    assert nbytes(64, 2048, torch.float32) <= gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES
+    assert nbytes(576, 2048, torch.bfloat16) > gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES
+
+
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 3, 16])
+@pytest.mark.parametrize("m", [1, 3, 16, 32])
 def test_fp32_weight_promotes_a_half_precision_x(m, x_dtype):
     # The MoE router: fp32 weight, model-dtype hidden states, fp32 logits in one kernel.
     x, w = rand(m, K, dtype=x_dtype, seed=m), rand(N, K, seed=1)
@@ -147,6 +177,24 @@ def test_default_config_fills_the_gpu():
             assert -(-k // c["BLOCK_K"]) >= 2 * c["SPLIT_K"] or c["SPLIT_K"] == 1
     assert default_config(1, 1024, 3072, 2, sms)["SPLIT_K"] > 1  # down_proj: few features
     assert default_config(1, 151936, 1024, 2, sms)["SPLIT_K"] == 1
+
+
+def test_fma_config_for_fp32_weights_on_several_rows():
+    sms = 132
+    # The sweep's fastest for Qwen3-30B-A3B's router (128 x 2048) at 8, 32 and 128 rows.
+    def pick(m, n=128, k=2048):
+        c = default_config(m, n, k, 4, sms)
+        return c["BLOCK_N"], c["BLOCK_K"], c["SPLIT_K"]
+
+    assert pick(8) == (4, 256, 4)
+    assert pick(32) == (4, 256, 4)
+    assert pick(128) == (4, 256, 1)
+    # Any shape: the fp32 tile fits 128 values a thread, and K splits stay >= 2 chunks.
+    for m in (2, 3, 8, 16, 17, 64, 128):
+        for n, k in [(64, 2048), (128, 2048), (160, 5120), (151936, 1024), (70, 200)]:
+            c = default_config(m, n, k, 4, sms)
+            assert min(16, 1 << (m - 1).bit_length()) * c["BLOCK_N"] * c["BLOCK_K"] <= 128 * 128, (m, n, k, c)
+            assert -(-k // c["BLOCK_K"]) >= 2 * c["SPLIT_K"] or c["SPLIT_K"] == 1
 
 
 def test_tuned_table_wins_by_nearest_bucket(monkeypatch):

@@ -9,8 +9,14 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
 - M == 1: multiply-and-add into a [BLOCK_N, BLOCK_K] fp32 tile, one reduction at the end
   (no tensor cores: a 1-row product is a dot per output, and BLOCK_N can go below the
   16 that ``tl.dot`` needs, which gives small-N matrices more programs).
-- 2 <= M <= MAX_ROWS: ``tl.dot`` on x padded to 16 rows. 16 is ``tl.dot``'s smallest tile,
-  so every row shares one pass over W; larger M falls back to ``F.linear``. A 32-row tile
+- 2 <= M <= MAX_ROWS, 16-bit W: ``tl.dot`` on x padded to 16 rows. 16 is ``tl.dot``'s
+  smallest tile, so every row shares one pass over W.
+- 2 <= M, fp32 W (the MoE router's gate, x promoted as it loads): fp32 FMAs into a
+  [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path, exact where ``tl.dot`` in ieee
+  precision was 3-6x slower.
+- Larger M falls back to ``F.linear``, except for a small W (``ROW_BLOCKS_MAX_WEIGHT_BYTES``:
+  the MoE routers), whose rows go in blocks of up to 16 on a third grid axis, each block
+  reading W again from L2. A 32-row tile
   was tried: bench/gemv.py timed it ahead of cuBLAS on some projections (Qwen3-8B o_proj
   12.2 against 13.5 us), but in the model it slowed batch-32 decode on the H200 (Qwen3-8B
   5.790 -> 5.900 ms a step, Qwen3-30B-A3B 15.24 -> 16.61, one device call).
@@ -51,7 +57,14 @@ import triton.language as tl
 
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.ops.triton.activation import silu_and_mul
-from atom_core.ops.triton.gemv_config import H200_SMS, MAX_ROWS, GemvConfig, get_config
+from atom_core.ops.triton.gemv_config import (
+    H200_SMS,
+    MAX_ROWS,
+    ROW_BLOCKS_MAX_ROWS,
+    ROW_BLOCKS_MAX_WEIGHT_BYTES,
+    GemvConfig,
+    get_config,
+)
 from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
@@ -92,8 +105,8 @@ def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     res_ptr, nw_ptr, sum_ptr, ss_ptr, eps,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,7 +116,7 @@ def _gemv_kernel(
     w_off = tl.minimum(cols, N - 1).to(tl.int64) * K
     w_rows = w_ptr + w_off[:, None]
     w_cols = w_ptr + w_off[None, :]
-    rows = tl.arange(0, BLOCK_M)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # past MAX_ROWS: a block of rows
     row_ok = rows < M
     ks = tl.arange(0, BLOCK_K)
     k_start = pid_k * k_per_split
@@ -114,7 +127,7 @@ def _gemv_kernel(
     # (pdl.py), since no kernel of a step writes weights; x only after the wait.
     kk = k_start + ks
     k_ok = kk < k_end
-    x_rows = x_ptr + rows[:, None] * x_stride
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * x_stride
     if BLOCK_M == 1:
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
@@ -138,21 +151,38 @@ def _gemv_kernel(
         acc = tl.sum(acc2, axis=1)[None, :]
         if NORM:
             ss = tl.zeros([BLOCK_M], tl.float32) + tl.sum(sq, axis=0)
+    elif FMA:
+        # An fp32 weight (the MoE router's) on several rows: products in fp32 FMAs, a
+        # [BLOCK_M, BLOCK_N, BLOCK_K] tile summed over K at the end, as the 1-row path does.
+        # tl.dot in ieee precision ran the router 3-6x slower (bench/router_gemv.py).
+        tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
+        w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+        pdl_wait(PDL)
+        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        acc3 = a[:, None, :] * w0.to(tl.float32)[None, :, :]
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < K
+            a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
+            acc3 += a[:, None, :] * w[None, :, :]
+        acc = tl.sum(acc3, axis=2)
     else:
-        # The fused forms serve one row (module docstring): no x transform on this path.
+        # 16-bit weights only (fp32 ones take the FMA path). The fused forms serve one row
+        # (module docstring): no x transform on this path.
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         # The W^T tile [BLOCK_K, BLOCK_N], addressed directly: contiguous along K, so the
         # loads still vectorize.
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
         a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(a.to(w_t.dtype), w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), input_precision=PRECISION)
+        acc = tl.dot(a.to(w_t.dtype), w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a.to(w_t.dtype), w_t, acc, input_precision=PRECISION)
+            acc = tl.dot(a.to(w_t.dtype), w_t, acc)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
@@ -203,11 +233,20 @@ def supported(
 ) -> bool:
     """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``);
     ``gated``: x holds gate | up, twice weight's K wide (``silu_and_mul_linear``); ``fused``
-    (``gated`` or a norm in the loads): one row only."""
+    (``gated`` or a norm in the loads): one row only. Past MAX_ROWS rows only a small
+    weight is served (gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES)."""
     if x.dim() == 0 or x.shape[-1] == 0:
         return False
+    rows = x.numel() // x.shape[-1]
+    if fused or gated:
+        rows_ok = rows == 1
+    elif rows > MAX_ROWS:
+        small = weight.numel() * weight.element_size() <= ROW_BLOCKS_MAX_WEIGHT_BYTES
+        rows_ok = rows <= ROW_BLOCKS_MAX_ROWS and small
+    else:
+        rows_ok = rows > 0
     return (
-        0 < x.numel() // x.shape[-1] <= (1 if fused or gated else MAX_ROWS)
+        rows_ok
         and weight.dim() == 2
         and weight.shape[1] * (2 if gated else 1) == x.shape[-1]
         and weight.is_contiguous()
@@ -250,12 +289,15 @@ def _launch(
     summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
     ss = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if norm is not None and split_k > 1 else out
     pdl = pdl_options(x.device)
-    _gemv_kernel[(triton.cdiv(n, block_n), split_k)](
+    fma = m > 1 and weight.dtype == torch.float32
+    # tl.dot's smallest tile is 16 rows; the FMA path's tile grows with the rows it holds.
+    block_m = 1 if m == 1 else min(MAX_ROWS, triton.next_power_of_2(m)) if fma else MAX_ROWS
+    _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         res2, norm_weight, summed if summed is not None else x2, ss, eps,
-        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=1 if m == 1 else MAX_ROWS,
-        BLOCK_N=block_n, BLOCK_K=block_k, PRECISION="ieee" if weight.dtype == torch.float32 else "tf32",
-        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None,
+        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k,
+        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:

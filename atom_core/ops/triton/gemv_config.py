@@ -14,6 +14,15 @@ from __future__ import annotations
 from typing import TypedDict
 
 MAX_ROWS = 16
+# Past MAX_ROWS the kernel takes rows in blocks of MAX_ROWS, each block reading W again.
+# That pays only where W is small enough to be read again from L2 and cuBLAS's fixed costs
+# dominate: the MoE routers' fp32 gates (Qwen3-30B-A3B's is 1 MiB; at batch 32 cuBLAS ran
+# it as a cast, a SIMT SGEMM and a split-K reduce, 11.5 us a layer). Larger weights (every
+# bf16 projection of the four benchmarked models is >= 2.25 MiB) keep cuBLAS there.
+ROW_BLOCKS_MAX_WEIGHT_BYTES = 2 << 20
+# Measured up to here (bench/router_gemv.py: 128 rows 9.96 us against cuBLAS's 12.36; at
+# 256 and 512 the kernel lost); a prefill's thousands of rows go to cuBLAS.
+ROW_BLOCKS_MAX_ROWS = 128
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 
 
@@ -156,12 +165,15 @@ def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_S
     the narrowest plus SPLIT_K (a power of two, <= 8, each split >= 2 BLOCK_K chunks so
     the second kernel stays worth it). BLOCK_K is 64 16-byte vectors along K for the
     1-row path (one per thread of 2 warps per W row), half that for the ``tl.dot`` path,
-    whose pipeline stages hold (BLOCK_N + 16) x BLOCK_K tiles in shared memory.
+    whose pipeline stages hold (BLOCK_N + 16) x BLOCK_K tiles in shared memory. fp32
+    weights on several rows take gemv.py's FMA path: ``_fma_config``.
     """
     vec = 16 // elem_size
+    target = 2 * num_sms
+    if m > 1 and elem_size == 4:
+        return _fma_config(m, n, k, vec, target)
     widths = (16, 8, 4) if m == 1 else (64, 32, 16)
     block_k = min(_next_power_of_2(k), (64 if m == 1 else 32) * vec)
-    target = 2 * num_sms
     block_n = next((w for w in widths if _cdiv(n, w) >= target), widths[-1])
     programs = _cdiv(n, block_n)
     split_k = 1
@@ -170,6 +182,25 @@ def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_S
     return GemvConfig(
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=2 if m == 1 else 3
     )
+
+
+def _fma_config(m: int, n: int, k: int, vec: int, target: int) -> GemvConfig:
+    """gemv.py's FMA path (an fp32 weight on several rows: the MoE routers). BLOCK_K as the
+    1-row path's; BLOCK_N as wide as its [rows, BLOCK_N, BLOCK_K] fp32 tile allows (128
+    values a thread at 4 warps); SPLIT_K while the grid, row blocks included, stays within
+    ``target``. Chosen from bench/router_gemv.py's sweep on an H200 (Qwen3-30B-A3B's
+    router, 128 x 2048: 8 rows 3.49 us, 32 rows 5.28, 128 rows 9.96; the rule picks each).
+    """
+    rows = min(MAX_ROWS, _next_power_of_2(m))
+    row_blocks = _cdiv(m, rows)
+    block_k = min(_next_power_of_2(k), 64 * vec)
+    widest = max(4, 128 * 128 // (rows * block_k))
+    block_n = next((w for w in (16, 8, 4) if w <= widest and _cdiv(n, w) * row_blocks >= target), 4)
+    programs = _cdiv(n, block_n) * row_blocks
+    split_k = 1
+    while 2 * programs * split_k <= target and split_k < 8 and _cdiv(k, block_k) >= 4 * split_k:
+        split_k *= 2
+    return GemvConfig(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=2)
 
 
 def get_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig | None:
