@@ -12,8 +12,9 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
 - 2 <= M <= MAX_ROWS, 16-bit W: ``tl.dot`` on x padded to 16 rows. 16 is ``tl.dot``'s
   smallest tile, so every row shares one pass over W.
 - 2 <= M, fp32 W (the MoE router's gate, x promoted as it loads): fp32 FMAs into a
-  [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path, exact where ``tl.dot`` in ieee
-  precision was 3-6x slower.
+  [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path. On an H200 (bench/router_gemv.py,
+  Qwen3-30B-A3B's 128 x 2048 router) it takes 3.5 / 4.8 / 5.4 us at 8 / 16 / 32 rows,
+  where ``tl.dot`` in ieee precision took 7.5 / 7.2 / 7.3 and cuBLAS 10.3 / 10.5 / 10.8.
 - Larger M falls back to ``F.linear``, except for a small W (``ROW_BLOCKS_MAX_WEIGHT_BYTES``:
   the MoE routers), whose rows go in blocks of up to 16 on a third grid axis, each block
   reading W again from L2. A 32-row tile
@@ -154,7 +155,7 @@ def _gemv_kernel(
     elif FMA:
         # An fp32 weight (the MoE router's) on several rows: products in fp32 FMAs, a
         # [BLOCK_M, BLOCK_N, BLOCK_K] tile summed over K at the end, as the 1-row path does.
-        # tl.dot in ieee precision ran the router 3-6x slower (bench/router_gemv.py).
+        # tl.dot in ieee precision ran the router 1.4-2.1x slower (module docstring).
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
