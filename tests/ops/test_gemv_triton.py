@@ -229,9 +229,21 @@ def test_shipped_table_is_well_formed():
         for m, c in per_m.items():
             if c is None:
                 continue
-            # tl.dot (the path for 2+ rows) needs BLOCK_N >= 16; powers of two everywhere.
+            # tl.dot (the path for 2+ rows) needs BLOCK_N >= 16; tiles are powers of two. A
+            # split count need not be (3 x 1024 spans a 3072-wide K whole).
             assert c["BLOCK_N"] in ((4, 8, 16, 32, 64) if m == 1 else (16, 32, 64)), (n, k, m, c)
-            assert c["BLOCK_K"] & (c["BLOCK_K"] - 1) == 0 and c["SPLIT_K"] in (1, 2, 4, 8), (n, k, m, c)
+            assert c["BLOCK_K"] & (c["BLOCK_K"] - 1) == 0 and 1 <= c["SPLIT_K"] <= 8, (n, k, m, c)
+            # No split starts past K (the launch would drop it: the entry would not be what runs).
+            assert (c["SPLIT_K"] - 1) * -(-k // (c["SPLIT_K"] * c["BLOCK_K"])) * c["BLOCK_K"] < k, (n, k, m, c)
+
+
+def test_whole_k_entries_cover_each_split_in_one_tile():
+    # The one-row entries that load a program's whole W slice before the PDL wait.
+    for n, k in [(1024, 2048), (1024, 3072), (6144, 1024), (4096, 1024)]:
+        c = gemv_config.TUNED[(n, k)][1]
+        assert c["BLOCK_K"] * c["SPLIT_K"] >= k and c["BLOCK_K"] * (c["SPLIT_K"] - 1) < k, (n, k, c)
+        x, w = rand(1, k, seed=3), rand(n, k, seed=4)
+        assert rel_err(linear(x, w, config=c), reference(x, w, None)) < tolerance(torch.float32)
 
 
 def test_registered_as_linear():
