@@ -4,7 +4,8 @@ At batch 1 a decode step is a chain of ~10 short kernels a layer, and each would
 begin only after the previous one has finished and its launch has gone through: a few
 microseconds of an idle GPU per kernel. With PDL (Hopper and later) a kernel is launched
 early; its programs run whatever does not depend on the previous kernel (a GEMV loads its
-first weight tile, which nothing in a decode step writes; decode attention its metadata and
+first weight tile - a program's whole slice where gemv_config's BLOCK_K spans it - which
+nothing in a decode step writes; decode attention its metadata and
 first K/V tile) and then wait in ``pdl_wait`` until the previous kernel has completed and
 its writes are visible.
 
