@@ -43,7 +43,7 @@ from gpu_timing import graph_us  # noqa: E402
 
 from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
 from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
-from atom_core.ops.triton.gemv_config import MAX_ROWS, GemvConfig, get_config  # noqa: E402
+from atom_core.ops.triton.gemv_config import IN_MODEL, MAX_ROWS, TUNED, GemvConfig, get_config  # noqa: E402
 from atom_core.ops.triton.norm import fused_add_rms_norm  # noqa: E402
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
@@ -167,7 +167,9 @@ def step_summary(results: list[dict[str, Any]]) -> list[str]:
 
 def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[str]:
     """``TUNED[(N, K)] = {M: ...}`` lines for every point measured: the best swept config
-    where it beat cuBLAS by > margin, else None (the op then calls cuBLAS)."""
+    where it beat cuBLAS by > margin, else None (the op then calls cuBLAS). Entries chosen in
+    the model (``gemv_config.IN_MODEL``) are printed as the table has them: back-to-back
+    calls of one projection cannot see what decided them."""
     by_shape: dict[tuple[int, int], dict[int, GemvConfig | None]] = {}
     for r in results:
         if r.get("best_us") is None:
@@ -178,8 +180,11 @@ def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[s
     for (n, k), per_m in sorted(by_shape.items()):
         lines.append(f"    ({n}, {k}): {{")
         for m, c in sorted(per_m.items()):
+            pinned = (n, k, m) in IN_MODEL
+            if pinned:
+                c = TUNED[(n, k)][m]
             args = "None" if c is None else "GemvConfig(" + ", ".join(f"{key}={v}" for key, v in c.items()) + ")"
-            lines.append(f"        {m}: {args},")
+            lines.append(f"        {m}: {args},{'  # chosen in the model (IN_MODEL)' if pinned else ''}")
         lines.append("    },")
     return lines
 

@@ -25,25 +25,36 @@ def point(n, k, m, cublas, best, config=CFG):
 
 def test_a_config_is_kept_only_where_it_beats_cublas_by_the_margin():
     lines = gemv.tuned_entries([
-        point(1024, 2048, 1, 10.0, 9.0),  # 10% faster: kept
-        point(1024, 2048, 16, 10.0, 9.8),  # 2%: inside the margin, cuBLAS
+        point(2048, 2048, 1, 10.0, 9.0),  # 10% faster: kept
+        point(2048, 2048, 16, 10.0, 9.8),  # 2%: inside the margin, cuBLAS
         point(4096, 4096, 4, 10.0, 12.0),  # slower: cuBLAS
         {"N": 4096, "K": 4096, "M": 8, "cublas_us": 10.0, "best_us": None},  # nothing compiled
     ])
     text = "\n".join(lines)
-    assert "(1024, 2048): {" in text and "(4096, 4096): {" in text
+    assert "(2048, 2048): {" in text and "(4096, 4096): {" in text
     assert "1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2)," in text
     assert "16: None," in text and "4: None," in text
     assert "8:" not in text
 
 
+def test_entries_chosen_in_the_model_are_kept_over_the_sweeps_pick():
+    # Qwen3-0.6B's one-row o_proj: the sweep's pick (CFG) loses to the table's whole-slice
+    # entry; its 16-row point is the sweep's as usual.
+    lines = gemv.tuned_entries([point(1024, 2048, 1, 10.0, 5.0), point(1024, 2048, 16, 10.0, 5.0, CFG2)])
+    text = "\n".join(lines)
+    kept = gemv.TUNED[(1024, 2048)][1]
+    assert kept["BLOCK_K"] == 2048 and (1024, 2048, 1) in gemv.IN_MODEL
+    assert "1: GemvConfig(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, num_warps=4, num_stages=2),  # chosen in the model" in text
+    assert "16: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in text
+
+
 def test_table_from_merges_runs_later_files_winning(tmp_path, capsys):
     first, second = tmp_path / "a.json", tmp_path / "b.json"
-    first.write_text(json.dumps({"results": [point(1024, 2048, 1, 10.0, 9.0), point(1024, 2048, 4, 10.0, 11.0)]}))
-    second.write_text(json.dumps({"results": [point(1024, 2048, 4, 10.0, 8.0, CFG2)]}))
+    first.write_text(json.dumps({"results": [point(2048, 2048, 1, 10.0, 9.0), point(2048, 2048, 4, 10.0, 11.0)]}))
+    second.write_text(json.dumps({"results": [point(2048, 2048, 4, 10.0, 8.0, CFG2)]}))
     gemv.main(["--table-from", str(first), str(second)])
     out = capsys.readouterr().out
-    assert "1: GemvConfig(BLOCK_N=4," in out  # only in the first run
+    assert "1: GemvConfig(BLOCK_N=4, BLOCK_K=512," in out  # only in the first run
     assert "4: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in out  # the second run's point
     assert "4: None" not in out
 

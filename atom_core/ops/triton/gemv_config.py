@@ -35,12 +35,13 @@ class GemvConfig(TypedDict):
 
 
 # (N, K) -> {M bucket (1, 2, 4, 8, 16): config}; filled from bench/gemv.py output, except the
-# one-row entries marked "whole K" (Qwen3-0.6B's o_proj, gate_up and down): there BLOCK_K
-# spans each split's whole K range, so a program loads its entire W slice before its PDL wait
-# (pdl.py) and a decode step's GEMVs stream their weights while the kernel before them runs.
-# The microbenchmark's sweep had picked BLOCK_K 256-512 (one kernel timed alone hides the
-# overlap); in the model (bench/decode_latency.py, H200, same device call) Qwen3-0.6B batch 1
-# went 0.908 / 0.911 -> 0.761 ms a step. (4096, 1024) already spanned its K.
+# entries in IN_MODEL, marked "whole K" (Qwen3-0.6B's one-row o_proj, gate_up and down): there
+# BLOCK_K spans each split's whole K range, so a program loads its entire W slice before its
+# PDL wait (pdl.py) and a decode step's GEMVs stream their weights while the kernel before
+# them runs. The microbenchmark's sweep had picked BLOCK_K 256-512 (one projection's calls
+# back to back hide the overlap); in the model (bench/decode_latency.py, H200, same device
+# call) Qwen3-0.6B batch 1 went 0.908 / 0.911 -> 0.761 ms a step. (4096, 1024) already
+# spanned its K.
 TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
     (576, 2048): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -148,6 +149,11 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         16: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4),
     },
 }
+
+
+# (N, K, M bucket) of the entries chosen by measuring the model, not by bench/gemv.py's sweep:
+# the sweep prints them as they are instead of its own pick.
+IN_MODEL: frozenset[tuple[int, int, int]] = frozenset({(1024, 2048, 1), (6144, 1024, 1), (1024, 3072, 1)})
 
 
 def _cdiv(a: int, b: int) -> int:
