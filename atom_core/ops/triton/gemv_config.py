@@ -20,8 +20,9 @@ MAX_ROWS = 16
 # it as a cast, a SIMT SGEMM and a split-K reduce, 11.5 us a layer). Larger weights (every
 # bf16 projection of the four benchmarked models is >= 2.25 MiB) keep cuBLAS there.
 ROW_BLOCKS_MAX_WEIGHT_BYTES = 2 << 20
-# Measured up to here (bench/router_gemv.py: 128 rows 9.96 us against cuBLAS's 12.36; at
-# 256 and 512 the kernel lost); a prefill's thousands of rows go to cuBLAS.
+# Measured up to here (bench/router_gemv.py, H200: at 128 rows 9.88 us against cuBLAS's
+# 11.79 for Qwen3-30B-A3B's router; at 256 and 512 no config timed beat cuBLAS); a prefill's
+# thousands of rows go to cuBLAS.
 ROW_BLOCKS_MAX_ROWS = 128
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 
