@@ -3,7 +3,8 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
 
     python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 16 32]
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
-        [--profile-batch-sizes 1 32] [--json bench/results/decode_latency.json]
+        [--profile-batch-sizes 1 32] [--gemv-config N,K,M=BN,BK,SPLIT ...]
+        [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
 Roofline = (weight bytes a step reads + mean KV bytes read per step) / device-to-device copy
@@ -12,6 +13,9 @@ only the experts its tokens chose: after the timed run, 8 eager decode steps at 
 batch size count the distinct experts per layer (forward hooks), and the roofline counts
 those plus every shared expert ("experts/layer"). ``--profile`` adds a torch profiler
 per-kernel breakdown of decode steps (graph replay and eager) at each profiled batch size.
+``--gemv-config`` runs with entries of the skinny GEMM's table replaced: a config's effect in
+the model, which its kernel timed alone can hide (the one-row GEMVs' weight loads overlap the
+kernel before them; gemv_config.IN_MODEL).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_models import (  # noqa: E402
     MODELS,
+    apply_gemv_overrides,
     config_path,
     copy_bandwidth,
     decoding,
@@ -37,6 +42,7 @@ from gpu_models import (  # noqa: E402
     kv_bytes_per_token,
     load_config,
     machine,
+    parse_gemv_override,
     print_kernels,
     profiler_activities,
     random_prompts,
@@ -216,6 +222,7 @@ def report(results: dict) -> None:
 
 def main() -> None:
     results: dict = {"machine": machine(), "args": vars(ARGS)}
+    results["gemv_overrides"] = apply_gemv_overrides(ARGS.gemv_config)
     results["copy_bandwidth"] = copy_bandwidth()
     print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s", flush=True)
     for name in ARGS.models:
@@ -255,10 +262,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-batch-sizes", nargs="+", type=int, default=None,
                    help="batch sizes to profile (default: the smallest and largest of --batch-sizes)")
+    p.add_argument("--gemv-config", action="append", default=[], metavar="N,K,M=BN,BK,SPLIT",
+                   help="replace a gemv_config.TUNED entry (also N,K,M=cublas); repeatable")
     p.add_argument("--json", default="bench/results/decode_latency.json")
     args = p.parse_args(argv)
     if args.hf_output_len < 2:
         p.error("--hf-output-len must be at least 2 (TPOT needs a second token)")
+    for spec in args.gemv_config:
+        try:
+            parse_gemv_override(spec)
+        except ValueError as exc:
+            p.error(str(exc))
     return args
 
 

@@ -48,6 +48,38 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
             p.fill_(1.0)
 
 
+def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int] | None]:
+    """``N,K,M=BN,BK,SPLIT[,WARPS,STAGES]`` (or ``N,K,M=cublas``) -> ((N, K, M bucket), config
+    or None): one ``gemv_config.TUNED`` entry to run with instead of the shipped one."""
+    try:
+        shape, value = spec.split("=")
+        n, k, m = (int(v) for v in shape.split(","))
+        if value.strip() == "cublas":
+            return (n, k, m), None
+        nums = [int(v) for v in value.split(",")]
+        if len(nums) not in (3, 5):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--gemv-config {spec!r}: expected N,K,M=BN,BK,SPLIT[,WARPS,STAGES] or N,K,M=cublas") from None
+    if m & (m - 1) or not 1 <= m <= 16:
+        raise ValueError(f"--gemv-config {spec!r}: M must be a row bucket (1, 2, 4, 8, 16)")
+    bn, bk, split, warps, stages = nums + ([4, 2 if m == 1 else 3] if len(nums) == 3 else [])
+    return (n, k, m), {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
+
+
+def apply_gemv_overrides(specs: list[str]) -> dict[str, Any]:
+    """Replace ``gemv_config.TUNED`` entries (``parse_gemv_override``) in this process, before
+    an engine is built, to A/B a config in the model; returns them for the results JSON."""
+    from atom_core.ops.triton import gemv_config
+
+    applied = {}
+    for spec in specs:
+        (n, k, m), config = parse_gemv_override(spec)
+        gemv_config.TUNED.setdefault((n, k), {})[m] = config
+        applied[f"{n},{k},{m}"] = config
+    return applied
+
+
 # --- what a decode step reads ---------------------------------------------------------------
 
 

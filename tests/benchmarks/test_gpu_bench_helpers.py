@@ -162,3 +162,22 @@ def test_the_scripts_parse_their_flags():
     assert args.batch_sizes == [1, 16, 32] and args.hf_output_len == 64 and args.profile_batch_sizes is None
     args = throughput_offline.parse_args(["--model", "qwen3-30b-a3b", "--profile", "16"])
     assert args.profile == 16 and args.profile_start is None
+
+
+def test_gemv_config_overrides_replace_table_entries(monkeypatch):
+    from atom_core.ops.triton import gemv_config
+
+    monkeypatch.setattr(gemv_config, "TUNED", {k: dict(v) for k, v in gemv_config.TUNED.items()})
+    args = decode_latency.parse_args(
+        ["--gemv-config", "1024,2048,1=4,512,1", "--gemv-config", "4096,4096,16=cublas",
+         "--gemv-config", "7,9,4=16,64,2,8,4"])
+    applied = gpu_models.apply_gemv_overrides(args.gemv_config)
+    assert gemv_config.get_config(1, 1024, 2048, 2) == {
+        "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
+    assert gemv_config.get_config(16, 4096, 4096, 2) is None  # the op calls cuBLAS
+    assert gemv_config.get_config(3, 7, 9, 2) == {  # a shape the table lacked
+        "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 4}
+    assert applied["4096,4096,16"] is None and set(applied) == {"1024,2048,1", "4096,4096,16", "7,9,4"}
+    for bad in ("1024,2048=4,512,1", "1024,2048,3=4,512,1", "1024,2048,1=4,512", "x"):
+        with pytest.raises(SystemExit):
+            decode_latency.parse_args(["--gemv-config", bad])
