@@ -152,8 +152,8 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
 }
 
 
-# (N, K, M bucket) of the entries chosen by measuring the model, not by bench/gemv.py's sweep:
-# the sweep prints them as they are instead of its own pick.
+# (N, K, M bucket) of the entries chosen by measuring the model (bench/decode_latency.py
+# --gemv-config), not by bench/gemv.py's sweep: the sweep prints them as they are.
 IN_MODEL: frozenset[tuple[int, int, int]] = frozenset({(1024, 2048, 1), (6144, 1024, 1), (1024, 3072, 1)})
 
 
