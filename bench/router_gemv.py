@@ -28,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from gpu_models import copy_bandwidth, load_config, machine  # noqa: E402
 from gpu_timing import graph_us  # noqa: E402
 
 from atom_core.ops.native.linear import linear as native_linear  # noqa: E402
@@ -38,7 +39,7 @@ MODELS = ("qwen3-30b-a3b", "deepseek-v2-lite")
 
 
 def router_shape(model: str) -> tuple[int, int]:
-    cfg = json.loads((ROOT / "bench" / "configs" / model / "config.json").read_text())
+    cfg = load_config(model)
     experts = cfg.get("num_experts") or cfg["n_routed_experts"]
     return experts, cfg["hidden_size"]
 
@@ -99,8 +100,6 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/router_gemv.py needs a CUDA GPU")
-    from gpu_models import copy_bandwidth, machine
-
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s; microseconds per call")
     results = [r for model in args.models for r in bench(model, args.rows, args.calls, copy_bw, args.sweep)]

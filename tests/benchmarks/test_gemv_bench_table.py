@@ -1,5 +1,6 @@
 """bench/gemv.py's table side on CPU: which measured points become ``TUNED`` entries, and
-``--table-from`` merging stored runs (later files win per point) into the printed table."""
+``--table-from`` merging stored runs (later files win per point) into the printed table;
+bench/router_gemv.py's shapes and sweep."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gemv  # noqa: E402
+import router_gemv  # noqa: E402
 
 from atom_core.ops.triton.gemv_config import GemvConfig  # noqa: E402
 
@@ -72,3 +74,15 @@ def test_the_sweeps_leaders_are_timed_again_before_one_is_chosen():
 
     assert gemv.retime_leaders(swept, time_config) == (10.0, CFG2)
     assert timed == [CFG, CFG2, third]  # the three leaders only
+
+
+def test_router_bench_shapes_and_sweep():
+    assert router_gemv.router_shape("qwen3-30b-a3b") == (128, 2048)
+    assert router_gemv.router_shape("deepseek-v2-lite") == (64, 2048)
+    for m in (2, 8, 32, 128):
+        configs = router_gemv.sweep_configs(m)
+        rows = min(16, 1 << (m - 1).bit_length())
+        assert configs and all(rows * c["BLOCK_N"] * c["BLOCK_K"] <= 4096 * c["num_warps"] for c in configs)
+    # The sweep holds what the FMA path's rule picks for the 30B router.
+    picked = {(c["BLOCK_N"], c["BLOCK_K"], c["SPLIT_K"]) for c in router_gemv.sweep_configs(32)}
+    assert (4, 256, 4) in picked and (4, 256, 1) in picked

@@ -20,7 +20,6 @@ from atom_core.ops.triton.decode_attention import (
 )
 from atom_core.ops.triton.kv_cache import write_kv_cache
 from atom_core.ops.triton.prefill_attention import paged_prefill_attention
-from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write
 
 _PLAN = "_triton_attention_plan"  # per-batch index tensors, built once for all layers
 
@@ -80,7 +79,8 @@ class TritonAttentionBackend(AttentionBackend):
         spec: QKNormRope,
     ) -> torch.Tensor:
         """A decode-only batch over a few KV splits runs one kernel (decode_attention.py's
-        ``new_tokens``). Other batches apply the input op, then attend over the written cache.
+        ``new_tokens``). Other batches take the base class's path (the input op, then
+        ``forward`` over the written cache).
 
         Measured on an H200 (bench/decode_latency.py): fused, Qwen3-0.6B batch 32 (2 splits)
         went 1.805 -> 1.781 ms a step (1.814 -> 1.788 in another run). At batch 1 (32 splits, where the kernel preloads
@@ -93,11 +93,7 @@ class TritonAttentionBackend(AttentionBackend):
                 new = NewTokenInput(k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions,
                                     spec.cos_sin_cache, meta.slot_mapping, spec.is_neox)
                 return self._decode(q, kv_cache, meta, splits, new)
-        q, k = qk_norm_rope_cache_write(
-            q, k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions, spec.cos_sin_cache,
-            kv_cache, meta.slot_mapping, spec.is_neox,
-        )
-        return self.forward(q, k, v, kv_cache, meta, cache_written=True)
+        return super().forward_qk_norm_rope(q, k, v, kv_cache, meta, spec)
 
     def _decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 splits: int, new: NewTokenInput | None = None) -> torch.Tensor:

@@ -177,13 +177,13 @@ def _gemv_kernel(
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
         a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(a.to(w_t.dtype), w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+        acc = tl.dot(a, w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a.to(w_t.dtype), w_t, acc)
+            acc = tl.dot(a, w_t, acc)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
