@@ -62,18 +62,27 @@ def _merge_splits(
     """
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    lse = tl.load(plse_ptr + part0[:, None] + offs_s[None, :],
-                  mask=hmask[:, None] & (offs_s < n_active)[None, :], other=float("-inf"),
+    smask = hmask[:, None] & (offs_s < n_active)[None, :]
+    lse = tl.load(plse_ptr + part0[:, None] + offs_s[None, :], mask=smask, other=float("-inf"),
                   cache_modifier=".cg")
+    if BLOCK_S <= 4:
+        # Few splits: all partials in one load, issued with the lse's - one round trip for
+        # the merging program rather than one per split.
+        parts = ((part0[:, None] + offs_s[None, :]) * BLOCK_D)[:, :, None] + offs_d[None, None, :]
+        o = tl.load(po_ptr + parts, mask=smask[:, :, None] & omask[:, None, :], other=0.0, cache_modifier=".cg")
     m = tl.max(lse, axis=1)
     m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
-    total = tl.sum(tl.exp2(lse - m[:, None]), axis=1)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for i in range(0, n_active):
-        lse_i = tl.load(plse_ptr + part0 + i, mask=hmask, other=float("-inf"), cache_modifier=".cg")
-        o_i = tl.load(po_ptr + (part0 + i)[:, None] * BLOCK_D + offs_d[None, :], mask=omask, other=0.0,
-                      cache_modifier=".cg")
-        acc += o_i * tl.exp2(lse_i - m)[:, None]
+    w = tl.exp2(lse - m[:, None])
+    total = tl.sum(w, axis=1)
+    if BLOCK_S <= 4:
+        acc = tl.sum(o * w[:, :, None], axis=1)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for i in range(0, n_active):
+            lse_i = tl.load(plse_ptr + part0 + i, mask=hmask, other=float("-inf"), cache_modifier=".cg")
+            o_i = tl.load(po_ptr + (part0 + i)[:, None] * BLOCK_D + offs_d[None, :], mask=omask, other=0.0,
+                          cache_modifier=".cg")
+            acc += o_i * tl.exp2(lse_i - m)[:, None]
     res = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptrs, res.to(out_ptrs.dtype.element_ty), mask=omask)
 
@@ -94,10 +103,18 @@ def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPT
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
-             offs_d, dmask, BLOCK_N: tl.constexpr):
-    """Tokens n0..n0+BLOCK_N of a sequence (those < end): K, V, the token mask, the tokens,
-    and the offsets and mask the K/V loads used.
+def _tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N: tl.constexpr):
+    """Where tokens n0..n0+BLOCK_N of a sequence (those < end) sit in the cache, for kv head
+    kvh: an offset per token, from the sequence's block table."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    blk = tl.load(bt_row + offs_n // block_size, mask=offs_n < end, other=0).to(tl.int64)
+    return blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+
+
+@triton.jit
+def _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N: tl.constexpr):
+    """Tokens n0..n0+BLOCK_N of a sequence (those < end), whose cache offsets are ``rows``:
+    K, V, the token mask, the tokens, and the offsets and mask the K/V loads used.
 
     K and V are loaded together from one offset tensor. This exact form measured faster in
     the model on an H200 (bench/decode_latency.py, Qwen3-0.6B batch 32: 1.81 ms a step in
@@ -107,9 +124,7 @@ def _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk, stride_
     few percent slower. Check end to end before reshaping it."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     nmask = offs_n < end
-    blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
-    off = blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
-    kv_ptrs = off[:, None] + offs_d[None, :]
+    kv_ptrs = rows[:, None] + offs_d[None, :]
     kv_mask = nmask[:, None] & dmask[None, :]
     k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
     v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
@@ -144,9 +159,12 @@ def _decode_kernel(
     cache before its loop reads them (a CTA barrier orders its own threads), and patches them
     into a tile it preloaded before the store. That is Qwen3's attention input
     (``qk_norm_rope_cache_write``) without its own launch. The loop's tiles are not patched
-    in registers: an op between a load and its tl.dot stops Triton pipelining the loads."""
-    if not PRELOAD:
-        pdl_wait(PDL)
+    in registers: an op between a load and its tl.dot stops Triton pipelining the loads.
+
+    Before ``pdl_wait`` every program reads the batch metadata and its first tile's block
+    table entries; the preloading grids also the tile itself. The loop then reads each next
+    tile's block table entries one iteration ahead: read in the iteration that uses them,
+    they cost a dependent round trip per tile, and Triton's pipeliner does not hoist them."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -169,15 +187,20 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     first = start
+    rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
         # rows earlier steps wrote - all but the sequence's newest row, which the kernel
         # before this one may be writing now. That row is reloaded after the wait, from L2.
-        k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(
-            k_ptr, v_ptr, bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
-            offs_d, dmask, BLOCK_N)
-        pdl_wait(PDL)
+        k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N)
+        first = start + BLOCK_N
+        rows = _tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+    if FUSED_INPUT:
+        cs = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
+        slot = tl.load(slot_ptr + row)
+    pdl_wait(PDL)
+    if PRELOAD:
         if not FUSED_INPUT:
             newest = kv_mask & (offs_n == seq_len - 1)[:, None]
             k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
@@ -192,14 +215,12 @@ def _decode_kernel(
         if split >= tl.maximum(n_active, 1):
             return
     if FUSED_INPUT:
-        cs = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
         q = norm_rope_rows(q_ptr + row * q_stride_t + kvh * GROUP * head_dim, hmask, qw_ptr, eps,
                            cs, head_dim, rot_dim, IS_NEOX, BLOCK_H, BLOCK_D)
         k_new = norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim, tl.arange(0, 1) < 1, kw_ptr,
                                eps, cs, head_dim, rot_dim, IS_NEOX, 1, BLOCK_D).to(k_ptr.dtype.element_ty)
         v_new = tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
                         mask=dmask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
-        slot = tl.load(slot_ptr + row)
         if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):  # this split owns the new row
             dst = (slot // block_size) * stride_blk + (slot % block_size) * stride_slot + kvh * stride_head
             tl.store(k_ptr + dst + offs_d[None, :], k_new, mask=dmask[None, :])
@@ -215,12 +236,13 @@ def _decode_kernel(
             k, v = _with_new_row(k, v, k_new, v_new, offs_n, seq_len)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        first = start + BLOCK_N
     for n0 in range(first, end, BLOCK_N):
-        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, bt_row, n0, end, kvh, block_size, stride_blk,
-                                        stride_slot, stride_head, offs_d, dmask, BLOCK_N)
+        next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk, stride_slot,
+                               stride_head, BLOCK_N)
+        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        rows = next_rows
 
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
