@@ -72,7 +72,8 @@ def _align_torch(
 # Decode-sized batches (<= SMALL_PAIRS pairs) are laid out by one launch of E + 1 programs
 # instead: the torch path above is ~20 small kernels (sort, scatter, cumsums, searchsorted),
 # each a graph node with its own launch gap, which at batch 1 cost more than the expert
-# GEMMs. Past SMALL_PAIRS the [experts x pairs] match below outgrows a program's registers.
+# GEMMs. Past SMALL_PAIRS a program's [pairs] vectors grow long, and the torch path's sort
+# takes over.
 SMALL_PAIRS = 512
 SMALL_EXPERTS = 512
 
@@ -84,16 +85,19 @@ def _align_small_kernel(
     FILL: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program e < E lays out expert e's segment; program E fills the rows and blocks past
-    # the last segment. Every program counts all experts (a [E, pairs] match, cheap at decode
-    # sizes) to know where its segment starts, so no program waits on another.
+    # the last segment. Every program counts all experts (a histogram of the ids) to know
+    # where its segment starts, so no program waits on another. The histogram replaced an
+    # [E, pairs] match that took 255 registers a thread at 32 tokens x 8 of 128 experts:
+    # 4.76 -> 1.74 us a call on an H200, Qwen3-30B-A3B batch 32 14.63 -> 14.52 ms a step.
     pdl_wait(PDL)
     e = tl.program_id(0)
     pairs = tl.arange(0, P_PAD)
     ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
     # Out-of-range ids (and the padding past num_pairs) match no expert: they get no row.
-    ids = tl.where((ids >= 0) & (ids < num_experts), ids, E_PAD)
+    in_range = (ids >= 0) & (ids < num_experts)
+    ids = tl.where(in_range, ids, E_PAD)
     experts = tl.arange(0, E_PAD)
-    counts = tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
+    counts = tl.histogram(tl.where(in_range, ids, 0), E_PAD, mask=in_range)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     if e < num_experts:
@@ -130,6 +134,6 @@ def _align_small(
         flat, sorted_pairs, block_expert, num_pairs, num_experts, capacity,
         BLOCK_M=block_m, P_PAD=p_pad, E_PAD=triton.next_power_of_2(num_experts),
         SEG_BLOCKS=triton.next_power_of_2(triton.cdiv(num_pairs, block_m)), FILL=1024,
-        num_warps=4 if p_pad * num_experts <= 8192 else 8, **pdl_options(flat.device),
+        num_warps=4, **pdl_options(flat.device),
     )
     return sorted_pairs, block_expert
