@@ -50,6 +50,13 @@ def test_entries_chosen_in_the_model_are_kept_over_the_sweeps_pick():
     assert "16: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in text
 
 
+def test_32_row_entries_survive_a_table_regenerated_from_the_sweep():
+    # The sweep stops at 16 rows; the table's 32-row tile for Qwen3-8B's o_proj stays.
+    text = "\n".join(gemv.tuned_entries([point(4096, 4096, 16, 10.0, 5.0, CFG2)]))
+    assert "32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),  # chosen in" in text
+    assert "16: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in text
+
+
 def test_table_from_merges_runs_later_files_winning(tmp_path, capsys):
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     first.write_text(json.dumps({"results": [point(2048, 2048, 1, 10.0, 9.0), point(2048, 2048, 4, 10.0, 11.0)]}))

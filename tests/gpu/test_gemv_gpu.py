@@ -21,6 +21,7 @@ from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_line
 from atom_core.ops.triton.gemv_config import (  # noqa: E402
     MAX_ROWS,
     ROW_BLOCKS_MAX_ROWS,
+    WIDE_ROWS,
     GemvConfig,
     default_config,
 )
@@ -38,10 +39,13 @@ SHAPES = {
     "qwen3-8b.o": (4096, 4096),
     "qwen3-8b.down": (4096, 12288),
     "qwen3-30b-a3b.qkv": (5120, 2048),
+    "qwen3-30b-a3b.o": (2048, 4096),
     "deepseek-v2-lite.kv_a": (576, 2048),
     "deepseek-v2-lite.mlp.down": (2048, 10944),
 }
 DOWN_SHAPES = ["qwen3-0.6b.down", "qwen3-8b.down", "deepseek-v2-lite.mlp.down"]
+# The shapes with a 32-row tile in the table (gemv_config.WIDE_ROWS).
+WIDE_SHAPES = ["qwen3-8b.o", "qwen3-8b.down", "qwen3-30b-a3b.o"]
 _weights: dict = {}
 
 
@@ -72,6 +76,18 @@ def test_real_shapes_every_m(shape, dtype):
         assert rel_err(got, ref) < tolerance(dtype), (shape, m)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", WIDE_SHAPES)
+def test_wide_rows_real_shapes(shape, dtype):
+    n, k = SHAPES[shape]
+    w = weight(n, k, dtype)
+    for m in range(MAX_ROWS + 1, WIDE_ROWS + 1):
+        x = rand(m, k, dtype=dtype, seed=m)
+        assert supported(x, w, None), (shape, m)
+        got = linear(x, w)
+        assert rel_err(got, F.linear(x.float(), w.float())) < tolerance(dtype), (shape, m)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_bias_and_3d_input(dtype, m):
@@ -96,8 +112,11 @@ def test_split_k_is_bitwise_reproducible(m):
         assert torch.equal(linear(x, w, config=config), first)
 
 
-@pytest.mark.parametrize("shape", ["qwen3-0.6b.qkv", "qwen3-0.6b.down", "qwen3-0.6b.lm_head"])
-@pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.parametrize(
+    "shape,m",
+    [(s, m) for s in ("qwen3-0.6b.qkv", "qwen3-0.6b.down", "qwen3-0.6b.lm_head") for m in (1, 8)]
+    + [("qwen3-8b.down", WIDE_ROWS), ("qwen3-30b-a3b.o", 24)],
+)
 def test_cuda_graph_replay_equals_eager(shape, m):
     n, k = SHAPES[shape]
     w = weight(n, k, torch.bfloat16)

@@ -134,6 +134,50 @@ def test_row_blocks_past_max_rows_for_a_small_weight(m, config):
     check(x.half(), w.half(), b.half(), config)
 
 
+class _RecordBlockM:
+    """Stands in for ``gemv._gemv_kernel``: runs it, noting each launch's BLOCK_M."""
+
+    def __init__(self):
+        self.kernel, self.block_m = gemv._gemv_kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.block_m.append(kwargs["BLOCK_M"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("m", [17, 24, 32])
+@pytest.mark.parametrize("split", [1, 3])
+def test_wide_rows_run_one_32_row_tile_where_the_table_has_one(m, split, monkeypatch):
+    # 17..32 rows of a 16-bit W too big for row blocks: one 32-row tile (rows past m masked),
+    # also through the split-K reduce, for a shape whose table has a WIDE_ROWS entry.
+    wide = GemvConfig(BLOCK_N=32, BLOCK_K=32, SPLIT_K=split, num_warps=4, num_stages=2)
+    monkeypatch.setitem(gemv_config.TUNED, (N, K), {16: SMALL, gemv_config.WIDE_ROWS: wide})
+    monkeypatch.setattr(gemv, "ROW_BLOCKS_MAX_WEIGHT_BYTES", 0)
+    x, w = rand(m, K, dtype=torch.float16, seed=m), rand(N, K, dtype=torch.float16, seed=1)
+    assert gemv.supported(x, w, None) and get_config(m, N, K, 2) is wide
+    record = _RecordBlockM()
+    monkeypatch.setattr(gemv, "_gemv_kernel", record)
+    out = linear(x, w)
+    assert record.block_m == [gemv_config.WIDE_ROWS]
+    assert rel_err(out, reference(x, w, None)) < tolerance(torch.float16)
+
+
+def test_wide_rows_stop_at_their_bounds(monkeypatch):
+    wide = GemvConfig(BLOCK_N=32, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
+    monkeypatch.setitem(gemv_config.TUNED, (N, K), {16: SMALL, gemv_config.WIDE_ROWS: wide})
+    monkeypatch.setattr(gemv, "ROW_BLOCKS_MAX_WEIGHT_BYTES", 0)
+    w = rand(N, K, dtype=torch.float16, seed=1)
+    assert gemv.supported(rand(gemv_config.WIDE_ROWS, K, dtype=torch.float16), w, None)
+    assert not gemv.supported(rand(gemv_config.WIDE_ROWS + 1, K, dtype=torch.float16), w, None)
+    assert not gemv.supported(rand(17, K), w.float(), None)  # 16-bit weights only
+    assert get_config(16, N, K, 2) is SMALL  # 16 rows keep their own bucket
+    monkeypatch.setitem(gemv_config.TUNED, (N, K), {16: SMALL})
+    assert not gemv.supported(rand(17, K, dtype=torch.float16), w, None)  # no entry: cuBLAS
+    assert get_config(17, N, K, 2) is SMALL  # as before for a small weight's row blocks
+
+
 def test_row_blocks_stop_at_their_bounds(monkeypatch):
     w = rand(N, K, seed=1)
     assert gemv.supported(rand(gemv_config.ROW_BLOCKS_MAX_ROWS, K), w, None)
@@ -225,13 +269,16 @@ def test_tuned_none_calls_cublas(monkeypatch):
 
 def test_shipped_table_is_well_formed():
     for (n, k), per_m in gemv_config.TUNED.items():
-        assert set(per_m) <= {1, 2, 4, 8, 16}, (n, k)
+        assert set(per_m) <= {1, 2, 4, 8, 16, gemv_config.WIDE_ROWS}, (n, k)
         for m, c in per_m.items():
             if c is None:
                 continue
             # tl.dot (the path for 2+ rows) needs BLOCK_N >= 16; tiles are powers of two. A
-            # split count need not be (3 x 1024 spans a 3072-wide K whole).
-            assert c["BLOCK_N"] in ((4, 8, 16, 32, 64) if m == 1 else (16, 32, 64)), (n, k, m, c)
+            # split count need not be (3 x 1024 spans a 3072-wide K whole). The 32-row tiles
+            # were chosen in the model, and are wide (gemv_config.WIDE_ROWS).
+            widths = {1: (4, 8, 16, 32, 64), gemv_config.WIDE_ROWS: (128,)}.get(m, (16, 32, 64))
+            assert c["BLOCK_N"] in widths, (n, k, m, c)
+            assert m != gemv_config.WIDE_ROWS or (n, k, m) in gemv_config.IN_MODEL
             assert c["BLOCK_K"] & (c["BLOCK_K"] - 1) == 0 and 1 <= c["SPLIT_K"] <= 8, (n, k, m, c)
             # No split starts past K (the launch would drop it: the entry would not be what runs).
             assert (c["SPLIT_K"] - 1) * -(-k // (c["SPLIT_K"] * c["BLOCK_K"])) * c["BLOCK_K"] < k, (n, k, m, c)

@@ -15,12 +15,14 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
   [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path. On an H200 (bench/router_gemv.py,
   Qwen3-30B-A3B's 128 x 2048 router) it takes 3.5 / 4.8 / 5.4 us at 8 / 16 / 32 rows,
   where ``tl.dot`` in ieee precision took 7.5 / 7.2 / 7.3 and cuBLAS 10.3 / 10.5 / 10.8.
+- 17..WIDE_ROWS rows of a 16-bit W: one 32-row ``tl.dot`` tile, only for the shapes whose
+  table has a 32-row entry (``gemv_config.WIDE_ROWS``: BLOCK_N 128, split along K), else
+  ``F.linear``. A first 32-row tile with BLOCK_N <= 64 for every shape slowed batch-32
+  decode on the H200 (Qwen3-8B 5.790 -> 5.900 ms a step, Qwen3-30B-A3B 15.24 -> 16.61):
+  each program reads all 32 rows of x, which at BLOCK_N 64 is half W's traffic again.
 - Larger M falls back to ``F.linear``, except for a small W (``ROW_BLOCKS_MAX_WEIGHT_BYTES``:
   the MoE routers), whose rows go in blocks of up to 16 on a third grid axis, each block
-  reading W again from L2. A 32-row tile
-  was tried: bench/gemv.py timed it ahead of cuBLAS on some projections (Qwen3-8B o_proj
-  12.2 against 13.5 us), but in the model it slowed batch-32 decode on the H200 (Qwen3-8B
-  5.790 -> 5.900 ms a step, Qwen3-30B-A3B 15.24 -> 16.61, one device call).
+  reading W again from L2.
 - SPLIT_K > 1 (few output features, long K: o_proj, down_proj) splits K across programs
   so the grid fills the GPU. The partial sums go to an fp32 [SPLIT_K, M, N] buffer that a
   second kernel sums in a fixed order, casts and biases: bitwise reproducible, unlike
@@ -63,8 +65,10 @@ from atom_core.ops.triton.gemv_config import (
     MAX_ROWS,
     ROW_BLOCKS_MAX_ROWS,
     ROW_BLOCKS_MAX_WEIGHT_BYTES,
+    WIDE_ROWS,
     GemvConfig,
     get_config,
+    wide_config,
 )
 from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
@@ -234,8 +238,9 @@ def supported(
 ) -> bool:
     """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``);
     ``gated``: x holds gate | up, twice weight's K wide (``silu_and_mul_linear``); ``fused``
-    (``gated`` or a norm in the loads): one row only. Past MAX_ROWS rows only a small
-    weight is served (gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES)."""
+    (``gated`` or a norm in the loads): one row only. Past MAX_ROWS rows, a weight with a
+    32-row table entry (up to gemv_config.WIDE_ROWS rows) or a small weight
+    (gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES)."""
     if x.dim() == 0 or x.shape[-1] == 0:
         return False
     rows = x.numel() // x.shape[-1]
@@ -243,7 +248,8 @@ def supported(
         rows_ok = rows == 1
     elif rows > MAX_ROWS:
         small = weight.numel() * weight.element_size() <= ROW_BLOCKS_MAX_WEIGHT_BYTES
-        rows_ok = rows <= ROW_BLOCKS_MAX_ROWS and small
+        wide = weight.dim() == 2 and wide_config(rows, *weight.shape, weight.element_size()) is not None
+        rows_ok = wide or (rows <= ROW_BLOCKS_MAX_ROWS and small)
     else:
         rows_ok = rows > 0
     return (
@@ -292,7 +298,12 @@ def _launch(
     pdl = pdl_options(x.device)
     fma = m > 1 and weight.dtype == torch.float32
     # tl.dot's smallest tile is 16 rows; the FMA path's tile grows with the rows it holds.
-    block_m = 1 if m == 1 else min(MAX_ROWS, triton.next_power_of_2(m)) if fma else MAX_ROWS
+    if m == 1:
+        block_m = 1
+    elif fma:
+        block_m = min(MAX_ROWS, triton.next_power_of_2(m))
+    else:
+        block_m = WIDE_ROWS if wide_config(m, n, k, weight.element_size()) is not None else MAX_ROWS
     _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         res2, norm_weight, summed if summed is not None else x2, ss, eps,

@@ -24,6 +24,15 @@ ROW_BLOCKS_MAX_WEIGHT_BYTES = 2 << 20
 # 11.79 for Qwen3-30B-A3B's router; at 256 and 512 no config timed beat cuBLAS); a prefill's
 # thousands of rows go to cuBLAS.
 ROW_BLOCKS_MAX_ROWS = 128
+# 17..WIDE_ROWS rows run as one 32-row tile where the table has a WIDE_ROWS entry for the
+# shape (a 16-bit W), else cuBLAS. The entries are wide (BLOCK_N 128) and split along K:
+# every program multiplies its W tile by all 32 rows of x, so x's share of the traffic is
+# 32 / BLOCK_N of W's, and the narrower tiles of a first try (BLOCK_N <= 64) slowed the
+# model (gemv.py's docstring). Chosen in the model (IN_MODEL) on an H200: Qwen3-8B batch 32
+# 5.626 / 5.645 -> 5.596 / 5.590 ms a step and Qwen3-30B-A3B 14.745 / 14.750 -> 14.681 /
+# 14.676 (two interleaved pairs, one device call); cuBLAS keeps the shapes where it was
+# faster alone (Qwen3-8B's qkv and gate_up, Qwen3-30B-A3B's qkv).
+WIDE_ROWS = 32
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 
 
@@ -35,8 +44,9 @@ class GemvConfig(TypedDict):
     num_stages: int
 
 
-# (N, K) -> {M bucket (1, 2, 4, 8, 16): config}; filled from bench/gemv.py output, except the
-# entries in IN_MODEL, marked "whole K" (Qwen3-0.6B's one-row o_proj, gate_up and down): there
+# (N, K) -> {M bucket (1, 2, 4, 8, 16, WIDE_ROWS): config}; filled from bench/gemv.py output,
+# except the entries in IN_MODEL: the WIDE_ROWS ones (above), and those marked "whole K"
+# (Qwen3-0.6B's one-row o_proj, gate_up and down): there
 # BLOCK_K spans each split's whole K range, so a program loads its entire W slice before its
 # PDL wait (pdl.py) and a decode step's GEMVs stream their weights while the kernel before
 # them runs. The microbenchmark's sweep had picked BLOCK_K 256-512 (one projection's calls
@@ -73,6 +83,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4),
         16: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4),
+        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=4),
     },
     (2048, 10944): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=2),
@@ -93,11 +104,13 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
         16: GemvConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=4),
+        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     },
     (4096, 12288): {
         1: GemvConfig(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
         16: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
+        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     },
     (5120, 2048): {
         1: None,
@@ -154,7 +167,10 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
 
 # (N, K, M bucket) of the entries chosen by measuring the model (bench/decode_latency.py
 # --gemv-config), not by bench/gemv.py's sweep: the sweep prints them as they are.
-IN_MODEL: frozenset[tuple[int, int, int]] = frozenset({(1024, 2048, 1), (6144, 1024, 1), (1024, 3072, 1)})
+IN_MODEL: frozenset[tuple[int, int, int]] = frozenset({
+    (1024, 2048, 1), (6144, 1024, 1), (1024, 3072, 1),
+    (2048, 4096, WIDE_ROWS), (4096, 4096, WIDE_ROWS), (4096, 12288, WIDE_ROWS),
+})
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -166,8 +182,15 @@ def _next_power_of_2(n: int) -> int:
 
 
 def m_bucket(m: int) -> int:
-    """The power of two at or above m (1, 2, 4, 8, 16)."""
+    """The power of two at or above m (1, 2, 4, 8, 16, 32)."""
     return 1 << max(0, m - 1).bit_length()
+
+
+def wide_config(m: int, n: int, k: int, elem_size: int) -> GemvConfig | None:
+    """The table's 32-row tile for MAX_ROWS < m <= WIDE_ROWS rows of a 16-bit W, or None."""
+    if not MAX_ROWS < m <= WIDE_ROWS or elem_size != 2:
+        return None
+    return TUNED.get((n, k), {}).get(WIDE_ROWS)
 
 
 def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig:
@@ -218,11 +241,14 @@ def _fma_config(m: int, n: int, k: int, vec: int, target: int) -> GemvConfig:
 
 def get_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS) -> GemvConfig | None:
     """The config for an [m, k] x [n, k]^T product, or None where cuBLAS is faster."""
+    wide = wide_config(m, n, k, elem_size)
+    if wide is not None:
+        return wide
     # The table was measured on 2-byte weights; fp32 tiles that size overflow shared memory.
     table = TUNED.get((n, k)) if elem_size == 2 else None
     if table:
-        bucket = m_bucket(m)
+        buckets = [b for b in table if b <= MAX_ROWS]  # 16-row tiles (past MAX_ROWS: row blocks)
         # The nearest tuned bucket at or above this one, else the largest tuned.
-        above = [b for b in table if b >= bucket]
-        return table[min(above) if above else max(table)]
+        above = [b for b in buckets if b >= m_bucket(m)]
+        return table[min(above) if above else max(buckets)]
     return default_config(m, n, k, elem_size, num_sms)
