@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from atom_core.ops.triton import arrivals  # noqa: E402
+from atom_core.ops.triton import decode_attention  # noqa: E402
 from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention  # noqa: E402
 from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
 from tests.ops.test_triton_attention import decode_inputs, decode_reference, prefill_case  # noqa: E402
@@ -128,7 +128,7 @@ def test_decode_cuda_graph_replays_with_changing_lengths():
             err = rel_err(out[live], ref[live])
             assert err < tolerance(torch.bfloat16), (i, lens, err)
         assert (out[~live] == 0).all(), (i, lens)
-    for counters in arrivals.all_counters():
+    for counters in decode_attention._COUNTERS.values():
         assert not counters.any()
 
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from atom_core.ops.triton import arrivals  # noqa: E402
+from atom_core.ops.triton import decode_attention  # noqa: E402
 from atom_core.ops.triton.decode_attention import NewTokenInput, paged_decode_attention  # noqa: E402
 from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write  # noqa: E402
 from tests.ops.reference import paged_batch, rel_err, tolerance  # noqa: E402
@@ -86,7 +86,7 @@ def check_fused(
         kept = torch.ones(flat.shape[1], dtype=torch.bool, device=DEVICE)
         kept[new_slots] = False
         assert torch.equal(flat[:, kept].nan_to_num(), ref_flat[:, kept].nan_to_num())
-    for counters in arrivals.all_counters():
+    for counters in decode_attention._COUNTERS.values():
         assert not counters.any(), "a split counter was left non-zero"
 
 

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton")
 
 from atom_core.layers.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from atom_core.ops.triton import arrivals, decode_attention  # noqa: E402
+from atom_core.ops.triton import decode_attention  # noqa: E402
 from atom_core.ops.triton.decode_attention import paged_decode_attention  # noqa: E402
 from atom_core.ops.triton.prefill_attention import paged_prefill_attention  # noqa: E402
 from tests.ops.reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
@@ -101,7 +101,7 @@ def check_decode(q, cache, meta, num_splits, seq_idx=None):
     assert err < tolerance(q.dtype), err
     empty = rows[meta.seq_lens[rows] == 0]
     assert (out[empty] == 0).all(), "an empty sequence's row is not zero"
-    for counters in arrivals.all_counters():
+    for counters in decode_attention._COUNTERS.values():
         assert not counters.any(), "a split counter was left non-zero"
     return out
 

@@ -20,9 +20,16 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_core.ops.triton.arrivals import arrival_counters
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 from atom_core.ops.triton.qk_norm_rope import norm_rope_rows
+
+# Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
+# leaves every counter it used back at 0 (the merging program resets it), so a buffer is
+# zeroed once at allocation and never again - a memset would be one more graph node. One
+# buffer serves every layer: layers run one after another on one stream, so no two
+# launches count in it at once. Buffers are never freed, because a captured CUDA graph
+# keeps the address it was captured with and replays against it.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 # From this many splits on, each program has a tile or two and the kernel is bound by its
 # chain of dependent loads: it loads its first tile before pdl_wait (``PRELOAD``). Measured
@@ -30,6 +37,17 @@ from atom_core.ops.triton.qk_norm_rope import norm_rope_rows
 # (2-4 splits of several tiles) by 25% in bench/decode_attention.py, so fewer splits keep
 # the plain loop.
 PRELOAD_MIN_SPLITS = 8
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    capacity = max(64, triton.next_power_of_2(needed))  # few distinct buffers
+    buf = _COUNTERS.get((device, capacity))
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A zeros() here would be captured, not run: the buffer would start as garbage.
+            raise RuntimeError("decode attention counters must be allocated by a warm-up run outside graph capture")
+        buf = _COUNTERS[(device, capacity)] = torch.zeros(capacity, dtype=torch.int32, device=device)
+    return buf
 
 
 @triton.jit
@@ -242,9 +260,11 @@ def _decode_kernel(
             tl.store(plse_ptr + part0 + split, lse, mask=hmask)
         # Every split still running counts (all NUM_SPLITS, or in preloading grids the
         # n_active, at least 1, that did not leave; each computes the same count from
-        # seq_len), so an empty sequence is still merged, to zeros. The protocol and its
-        # ordering: arrivals.py. (TRITON_INTERPRET runs programs one at a time, so CPU
-        # tests check the counting, not the ordering.)
+        # seq_len), so an empty sequence is still merged, to zeros. The barrier orders all
+        # threads' partial stores before the atomic (one thread's release); acq_rel at gpu
+        # scope publishes them to, and makes them visible in, whichever program arrives
+        # last. (TRITON_INTERPRET runs programs one at a time, so CPU tests check the
+        # counting, not this ordering.)
         arrivals = tl.maximum(n_active, 1) if PRELOAD else NUM_SPLITS
         tl.debug_barrier()
         counter = count_ptr + b * tl.num_programs(1) + kvh
@@ -315,7 +335,7 @@ def paged_decode_attention(
     if num_splits > 1:
         po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
         plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
-        counters = arrival_counters(q.device, num_seqs * num_kv_heads)  # one per (sequence, kv head)
+        counters = _counters(q.device, num_seqs * num_kv_heads)
     else:
         po = plse = counters = out  # unused: one split writes the output directly
     idx = seq_idx if seq_idx is not None else seq_lens

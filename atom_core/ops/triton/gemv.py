@@ -24,10 +24,9 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
   the MoE routers), whose rows go in blocks of up to 16 on a third grid axis, each block
   reading W again from L2.
 - SPLIT_K > 1 (few output features, long K: o_proj, down_proj) splits K across programs
-  so the grid fills the GPU. The partial sums go to an fp32 [SPLIT_K, M, N] buffer, and
-  the last split of each output tile to finish sums them in a fixed order, biases and
-  casts (arrivals.py): bitwise reproducible, unlike atomics on the output, graph-
-  capturable, and no second kernel (its launch and the gap before it: a few us a call).
+  so the grid fills the GPU. The partial sums go to an fp32 [SPLIT_K, M, N] buffer that a
+  second kernel sums in a fixed order, casts and biases: bitwise reproducible, unlike
+  atomics, and graph-capturable (shapes decide everything, buffers are ``torch.empty``).
 
 ``silu_and_mul_linear`` is the gated MLP's down projection with the activation fused in
 (GATED): x is the gate_up output [1, 2K], and each x tile is formed as silu(gate) * up while
@@ -36,7 +35,7 @@ bitwise the unfused ``linear(silu_and_mul(x), w)`` and a decode step has one ker
 layer. ``rms_norm_linear`` (NORM) is a pre-norm block's norm and first projection, by
 linearity: W (h * g / rms(h)) = (W (h * g)) / rms(h), so each program multiplies W by h * g
 (h = x + residual, g the norm weight) and sums h * h over the same tiles, and the 1/rms
-factor scales the result at the end (in the split-K sum, from the splits' partial sums
+factor scales the result at the end (in the split-K reduce, from the splits' partial sums
 of squares). The rounding moves: the unfused norm rounds h * g / rms(h) to the model
 dtype; here h * g stays in fp32, so the result differs from the two ops by about one
 rounding of x. The first column of programs writes h, the residual stream's next value. A
@@ -61,7 +60,6 @@ import triton.language as tl
 
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.ops.triton.activation import silu_and_mul
-from atom_core.ops.triton.arrivals import arrival_counters
 from atom_core.ops.triton.gemv_config import (
     H200_SMS,
     MAX_ROWS,
@@ -110,7 +108,7 @@ def _load_norm_x(ptrs, res_ptrs, nw_ptrs, sum_ptrs, mask, store_mask, HAS_RES: t
 @triton.jit
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
-    res_ptr, nw_ptr, sum_ptr, ss_ptr, count_ptr, eps,
+    res_ptr, nw_ptr, sum_ptr, ss_ptr, eps,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr,
@@ -130,7 +128,6 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     # NORM: the first column of programs writes the summed residual, each split its K range.
     owner = (tl.zeros([BLOCK_M], tl.int32) + tl.program_id(0)) == 0
-    ss = tl.zeros([BLOCK_M], tl.float32)  # NORM: the rows' sums of squares over this K range
     # The first K tile is peeled: its W is loaded before waiting on the previous kernel
     # (pdl.py), since no kernel of a step writes weights; x only after the wait.
     kk = k_start + ks
@@ -193,39 +190,39 @@ def _gemv_kernel(
             acc = tl.dot(a, w_t, acc)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
-        # Each split stores its partial sums; the last of a tile's splits to arrive adds them
-        # up and writes the output (arrivals.py), in split order: the same sum whichever
-        # split is last, so the result is reproducible, unlike atomics on the output.
-        splits = tl.num_programs(1)
-        tl.store(part_ptr + (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :], acc, mask=mask)
-        ss_tile = ss_ptr + tl.program_id(0) * splits * M + rows  # NORM: [column tiles, splits, M]
+        offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+        tl.store(part_ptr + offs, acc, mask=mask)
         if NORM:  # this split's share of each row's sum of squares
-            tl.store(ss_tile + pid_k * M, ss, mask=row_ok)
-        tl.debug_barrier()
-        counter = count_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            ss = tl.zeros((BLOCK_M,), tl.float32)
-            for s in range(splits):
-                offs = (s * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
-                acc += tl.load(part_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-                if NORM:
-                    ss += tl.load(ss_tile + s * M, mask=row_ok, other=0.0, cache_modifier=".cg")
-            _store_output(acc, ss, rows, cols, mask, out_ptr, b_ptr, N, K, eps, HAS_BIAS, NORM)
-            tl.store(counter, 0)  # every split has arrived: ready for the next launch
+            tl.store(ss_ptr + pid_k * M + rows, ss, mask=row_ok & owner)
     else:
-        _store_output(acc, ss, rows, cols, mask, out_ptr, b_ptr, N, K, eps, HAS_BIAS, NORM)
+        if NORM:
+            acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _store_output(acc, ss, rows, cols, mask, out_ptr, b_ptr, N, K, eps, HAS_BIAS: tl.constexpr, NORM: tl.constexpr):
-    """The [BLOCK_M, BLOCK_N] product tile, finished (NORM: the 1/rms factor from the rows'
-    sums of squares ``ss``; the bias) and stored in the output's dtype."""
+def _split_k_reduce_kernel(
+    part_ptr, b_ptr, out_ptr, ss_ptr, M, N, K, eps, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    NORM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    col_ok = cols < N
+    pdl_wait(PDL)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    ss = 0.0
+    for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
+        acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + cols, mask=col_ok, other=0.0)
+        if NORM:
+            ss += tl.load(ss_ptr + s * M + row)
     if NORM:
-        acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
+        acc *= 1.0 / tl.sqrt(ss / K + eps)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row.to(tl.int64) * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
 @functools.cache
@@ -291,11 +288,13 @@ def _launch(
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # drops splits that would start past K
     out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
+    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
     residual, norm_weight, eps = norm if norm is not None else (None, weight, 0.0)
     res2 = _rows(residual) if residual is not None else x2
     # A new tensor: programs of the other columns still read the residual.
     summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
+    ss = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if norm is not None and split_k > 1 else out
     pdl = pdl_options(x.device)
     fma = m > 1 and weight.dtype == torch.float32
     # tl.dot's smallest tile is 16 rows; the FMA path's tile grows with the rows it holds.
@@ -305,21 +304,20 @@ def _launch(
         block_m = min(MAX_ROWS, triton.next_power_of_2(m))
     else:
         block_m = WIDE_ROWS if wide_config(m, n, k, weight.element_size()) is not None else MAX_ROWS
-    grid = (triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))
-    if split_k > 1:
-        part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        ss = torch.empty((grid[0], split_k, m), dtype=torch.float32, device=x.device) if norm is not None else part
-        counters = arrival_counters(x.device, grid[0] * grid[2])  # one per output tile
-    else:
-        part = ss = counters = out  # unused: one split writes the output directly
-    _gemv_kernel[grid](
+    _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
-        res2, norm_weight, summed if summed is not None else x2, ss, counters, eps,
+        res2, norm_weight, summed if summed is not None else x2, ss, eps,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
+    if split_k > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
+            part, bias if has_bias else weight, out, ss, m, n, k, eps, SPLIT_K=split_k, HAS_BIAS=has_bias,
+            NORM=norm is not None, BLOCK=block, **pdl,
+        )
     return out.view(*x.shape[:-1], n), summed.view(x.shape) if summed is not None else None
 
 
