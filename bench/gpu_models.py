@@ -61,8 +61,8 @@ def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]
             raise ValueError
     except ValueError:
         raise ValueError(f"--gemv-config {spec!r}: expected N,K,M=BN,BK,SPLIT[,WARPS,STAGES] or N,K,M=cublas") from None
-    if m & (m - 1) or not 1 <= m <= 16:
-        raise ValueError(f"--gemv-config {spec!r}: M must be a row bucket (1, 2, 4, 8, 16)")
+    if m & (m - 1) or not 1 <= m <= 32:  # 32: gemv_config.WIDE_ROWS, the 32-row tiles
+        raise ValueError(f"--gemv-config {spec!r}: M must be a row bucket (1, 2, 4, 8, 16, 32)")
     bn, bk, split, warps, stages = nums + ([4, 2 if m == 1 else 3] if len(nums) == 3 else [])
     return (n, k, m), {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
 

@@ -170,14 +170,17 @@ def test_gemv_config_overrides_replace_table_entries(monkeypatch):
     monkeypatch.setattr(gemv_config, "TUNED", {k: dict(v) for k, v in gemv_config.TUNED.items()})
     args = decode_latency.parse_args(
         ["--gemv-config", "1024,2048,1=4,512,1", "--gemv-config", "4096,4096,16=cublas",
-         "--gemv-config", "7,9,4=16,64,2,8,4"])
+         "--gemv-config", "7,9,4=16,64,2,8,4", "--gemv-config", "6144,4096,32=128,128,2,4,4"])
     applied = gpu_models.apply_gemv_overrides(args.gemv_config)
     assert gemv_config.get_config(1, 1024, 2048, 2) == {
         "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
     assert gemv_config.get_config(16, 4096, 4096, 2) is None  # the op calls cuBLAS
     assert gemv_config.get_config(3, 7, 9, 2) == {  # a shape the table lacked
         "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 4}
-    assert applied["4096,4096,16"] is None and set(applied) == {"1024,2048,1", "4096,4096,16", "7,9,4"}
-    for bad in ("1024,2048=4,512,1", "1024,2048,3=4,512,1", "1024,2048,1=4,512", "x"):
+    assert gemv_config.wide_config(24, 6144, 4096, 2) == {  # a 32-row tile where cuBLAS ran
+        "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4}
+    assert applied["4096,4096,16"] is None
+    assert set(applied) == {"1024,2048,1", "4096,4096,16", "7,9,4", "6144,4096,32"}
+    for bad in ("1024,2048=4,512,1", "1024,2048,3=4,512,1", "1024,2048,64=4,512,1", "1024,2048,1=4,512", "x"):
         with pytest.raises(SystemExit):
             decode_latency.parse_args(["--gemv-config", bad])
