@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_models import (  # noqa: E402
     MODELS,
+    WEIGHT_SCHEMES,
     apply_gemv_overrides,
     config_path,
     copy_bandwidth,
@@ -108,7 +109,7 @@ def bench_atom(name: str, results: dict) -> None:
         cudagraph_capture_sizes=sizes, enforce_eager=ARGS.enforce_eager,
         async_scheduling=ARGS.async_scheduling,
     )
-    randomize(engine.runner.model)
+    randomize(engine.runner.model, scheme=ARGS.weights)
     model = engine.runner.model
     results[name] = {"startup_s": time.perf_counter() - t0, "kv_blocks": engine.runner.num_blocks,
                      "batches": {}}
@@ -165,7 +166,7 @@ def bench_hf(name: str, results: dict) -> None:
     cfg = load_config(name)
     n = ARGS.hf_output_len
     try:
-        model = hf_model(name)
+        model = hf_model(name, weights=ARGS.weights)
     except Exception as exc:  # report, do not lose the ATOM numbers
         results[name]["hf_error"] = f"{type(exc).__name__}: {exc}"
         return
@@ -264,6 +265,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch sizes to profile (default: the smallest and largest of --batch-sizes)")
     p.add_argument("--gemv-config", action="append", default=[], metavar="N,K,M=BN,BK,SPLIT",
                    help="replace a gemv_config.TUNED entry (also N,K,M=cublas); repeatable")
+    p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="normal",
+                   help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's (gpu_models.randomize)")
     p.add_argument("--json", default="bench/results/decode_latency.json")
     args = p.parse_args(argv)
     if args.hf_output_len < 2:

@@ -37,12 +37,28 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
     return [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]
 
 
+WEIGHT_SCHEMES = ("normal", "vllm")
+
+
 @torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Random weights drawn on the device (never time on zeros or uninitialised memory)."""
+def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> None:
+    """Random weights drawn on the device (never time on zeros or uninitialised memory).
+
+    ``normal``: matrices N(0, 0.02), vectors (norm weights, biases) 1. ``vllm``: what vLLM's
+    dummy loader draws (the issue's vLLM figures were taken with it): every floating
+    parameter uniform in [-1e-3, 1e-3] from a generator seeded 1234 afresh for each
+    parameter, so a parameter's values depend only on its size. The two route a MoE's
+    tokens differently, and a MoE step's time follows the experts it touches (the bench
+    prints them per layer)."""
+    if scheme not in WEIGHT_SCHEMES:
+        raise ValueError(f"weight scheme {scheme!r}: expected one of {WEIGHT_SCHEMES}")
     torch.manual_seed(seed)
     for p in model.parameters():
-        if p.dim() >= 2:
+        if scheme == "vllm":
+            if p.is_floating_point():
+                gen = torch.Generator(device=p.device).manual_seed(1234)
+                p.uniform_(-1e-3, 1e-3, generator=gen)
+        elif p.dim() >= 2:
             p.normal_(0.0, 0.02)
         else:
             p.fill_(1.0)
@@ -250,7 +266,7 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) * 2 / times[len(times) // 2]
 
 
-def hf_model(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> Any:
+def hf_model(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat16, weights: str = "normal") -> Any:
     """transformers' model of the shipped config (Qwen3ForCausalLM, Qwen3MoeForCausalLM,
     DeepseekV2ForCausalLM: all in transformers itself, no remote code), random weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -258,7 +274,7 @@ def hf_model(name: str, device: str = "cuda", dtype: torch.dtype = torch.bfloat1
     cfg = AutoConfig.for_model(**{k: v for k, v in load_config(name).items() if k != "architectures"})
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    randomize(model)
+    randomize(model, scheme=weights)
     return model.eval()
 
 

@@ -184,3 +184,19 @@ def test_gemv_config_overrides_replace_table_entries(monkeypatch):
     for bad in ("1024,2048=4,512,1", "1024,2048,3=4,512,1", "1024,2048,64=4,512,1", "1024,2048,1=4,512", "x"):
         with pytest.raises(SystemExit):
             decode_latency.parse_args(["--gemv-config", bad])
+
+
+def test_randomize_schemes():
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(8, 16))
+    gpu_models.randomize(model)  # normal: matrices drawn, vectors 1
+    assert model[0].weight.std() > 0.005 and torch.equal(model[0].bias, torch.ones(16))
+    gpu_models.randomize(model, scheme="vllm")
+    for p in model.parameters():  # every floating parameter, vectors included
+        assert p.abs().max() <= 1e-3 and p.std() > 1e-4
+    # vLLM's loader reseeds for each parameter: equal sizes get equal values.
+    assert torch.equal(model[0].weight, model[2].weight) and torch.equal(model[0].bias, model[1].weight)
+    with pytest.raises(ValueError, match="weight scheme"):
+        gpu_models.randomize(model, scheme="xavier")
+    assert decode_latency.parse_args(["--weights", "vllm"]).weights == "vllm"
+    with pytest.raises(SystemExit):
+        decode_latency.parse_args(["--weights", "xavier"])
