@@ -1,0 +1,92 @@
+"""HBM read bandwidth beside the copy bandwidth the rooflines use.
+
+    python bench/read_bandwidth.py [--gib 4] [--json bench/results/read_bandwidth.json]
+
+The decode rooflines (decode_latency.py) divide the bytes a step reads by the
+device-to-device copy bandwidth (bytes read + written per second). A decode step only
+reads, and reads can go faster: this prints the copy bandwidth, ``torch.sum``'s read rate,
+and the fastest of a grid of Triton streaming reads (programs per SM, elements per
+iteration, warps, stages; each program sums one contiguous stretch). Medians of 10 timed
+runs after 3 warm-ups, over a buffer of ``--gib`` GiB (far past the L2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_models import copy_bandwidth, machine  # noqa: E402
+
+
+def median_s(fn, reps: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, per_prog, BLOCK: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64) * per_prog  # past 2^31 elements: int64 offsets
+    acc = tl.zeros([BLOCK], tl.float32)
+    for off in range(start, start + per_prog, BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + idx, mask=idx < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def triton_reads(x: torch.Tensor) -> list[dict]:
+    n, sms = x.numel(), torch.cuda.get_device_properties(x.device).multi_processor_count
+    rows = []
+    for waves, block, warps, stages in itertools.product((2, 4, 8), (4096, 8192, 16384), (4, 8), (2, 3)):
+        programs = sms * waves
+        per = triton.cdiv(triton.cdiv(n, programs), block) * block
+        out = torch.empty(programs, device=x.device, dtype=torch.float32)
+        launch = functools.partial(_read_kernel[(programs,)], x, out, n, per, BLOCK=block, num_warps=warps,
+                                   num_stages=stages)
+        s = median_s(launch)
+        rows.append({"bytes_per_s": x.numel() * x.element_size() / s, "programs_per_sm": waves, "BLOCK": block,
+                     "num_warps": warps, "num_stages": stages})
+    return sorted(rows, key=lambda r: -r["bytes_per_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=int, default=4)
+    ap.add_argument("--json", type=Path, default=Path("bench/results/read_bandwidth.json"))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("read_bandwidth.py needs a CUDA GPU")
+    copy = copy_bandwidth()
+    x = torch.randn(args.gib << 29, device="cuda", dtype=torch.bfloat16)
+    nbytes = x.numel() * x.element_size()
+    torch_sum = nbytes / median_s(lambda: x.sum(dtype=torch.float32))
+    reads = triton_reads(x)
+    print(f"copy (read + write) {copy / 1e12:.3f} TB/s; torch.sum {torch_sum / 1e12:.3f} TB/s")
+    for r in reads[:3]:
+        print(f"Triton read {r['bytes_per_s'] / 1e12:.3f} TB/s: {r['programs_per_sm']} programs/SM, "
+              f"BLOCK {r['BLOCK']}, {r['num_warps']} warps, {r['num_stages']} stages")
+    print(f"read ceiling / copy bandwidth: {reads[0]['bytes_per_s'] / copy:.3f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"machine": machine(), "copy_bytes_per_s": copy, "torch_sum_bytes_per_s": torch_sum,
+                                     "triton_reads": reads}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
