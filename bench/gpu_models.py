@@ -45,11 +45,12 @@ def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> 
     """Random weights drawn on the device (never time on zeros or uninitialised memory).
 
     ``normal``: matrices N(0, 0.02), vectors (norm weights, biases) 1. ``vllm``: what vLLM's
-    dummy loader draws (the issue's vLLM figures were taken with it): every floating
+    dummy loader draws (the issues' vLLM figures were taken on dummy weights): every floating
     parameter uniform in [-1e-3, 1e-3] from a generator seeded 1234 afresh for each
-    parameter, so a parameter's values depend only on its size. The two route a MoE's
-    tokens differently, and a MoE step's time follows the experts it touches (the bench
-    prints them per layer)."""
+    parameter, so a parameter's values depend only on its size. A MoE step's time follows
+    the experts its tokens touch (the bench prints them per layer), so the scheme could
+    change the workload; on the benchmarked MoE models both route near-uniformly
+    (bench/RESULTS.md, ninth GPU session)."""
     if scheme not in WEIGHT_SCHEMES:
         raise ValueError(f"weight scheme {scheme!r}: expected one of {WEIGHT_SCHEMES}")
     torch.manual_seed(seed)
