@@ -4,6 +4,7 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
     python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 16 32]
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
         [--profile-batch-sizes 1 32] [--gemv-config N,K,M=BN,BK,SPLIT ...]
+        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES ...] [--weights normal|vllm]
         [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
@@ -15,7 +16,8 @@ those plus every shared expert ("experts/layer"). ``--profile`` adds a torch pro
 per-kernel breakdown of decode steps (graph replay and eager) at each profiled batch size.
 ``--gemv-config`` runs with entries of the skinny GEMM's table replaced: a config's effect in
 the model, which its kernel timed alone can hide (the one-row GEMVs' weight loads overlap the
-kernel before them; gemv_config.IN_MODEL).
+kernel before them; gemv_config.IN_MODEL). ``--moe-config`` does the same for the fused-MoE
+table (fused_moe_config: Qwen3-30B-A3B's decode entry was chosen that way).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gpu_models import (  # noqa: E402
     MODELS,
     WEIGHT_SCHEMES,
     apply_gemv_overrides,
+    apply_moe_overrides,
     config_path,
     copy_bandwidth,
     decoding,
@@ -44,6 +47,7 @@ from gpu_models import (  # noqa: E402
     load_config,
     machine,
     parse_gemv_override,
+    parse_moe_override,
     print_kernels,
     profiler_activities,
     random_prompts,
@@ -224,6 +228,7 @@ def report(results: dict) -> None:
 def main() -> None:
     results: dict = {"machine": machine(), "args": vars(ARGS)}
     results["gemv_overrides"] = apply_gemv_overrides(ARGS.gemv_config)
+    results["moe_overrides"] = apply_moe_overrides(ARGS.moe_config)
     results["copy_bandwidth"] = copy_bandwidth()
     print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s", flush=True)
     for name in ARGS.models:
@@ -265,15 +270,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch sizes to profile (default: the smallest and largest of --batch-sizes)")
     p.add_argument("--gemv-config", action="append", default=[], metavar="N,K,M=BN,BK,SPLIT",
                    help="replace a gemv_config.TUNED entry (also N,K,M=cublas); repeatable")
+    p.add_argument("--moe-config", action="append", default=[], metavar="H,I,T=BM,BN,BK,WARPS,STAGES",
+                   help="replace a fused_moe_config.TUNED entry (hidden, inter, token bucket); repeatable")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="normal",
                    help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's (gpu_models.randomize)")
     p.add_argument("--json", default="bench/results/decode_latency.json")
     args = p.parse_args(argv)
     if args.hf_output_len < 2:
         p.error("--hf-output-len must be at least 2 (TPOT needs a second token)")
-    for spec in args.gemv_config:
+    for spec, parse in [(s, parse_gemv_override) for s in args.gemv_config] + [
+            (s, parse_moe_override) for s in args.moe_config]:
         try:
-            parse_gemv_override(spec)
+            parse(spec)
         except ValueError as exc:
             p.error(str(exc))
     return args

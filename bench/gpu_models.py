@@ -84,6 +84,33 @@ def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]
     return (n, k, m), {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
 
 
+def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """``H,I,T=BM,BN,BK,WARPS,STAGES`` -> ((hidden, inter, token bucket), config): one
+    ``fused_moe_config.TUNED`` entry to run with instead of the shipped one."""
+    try:
+        shape, value = spec.split("=")
+        h, i, t = (int(v) for v in shape.split(","))
+        bm, bn, bk, warps, stages = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ValueError(f"--moe-config {spec!r}: expected H,I,T=BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES") from None
+    if t < 1 or t & (t - 1):
+        raise ValueError(f"--moe-config {spec!r}: T must be a token bucket (a power of two)")
+    return (h, i, t), {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+
+
+def apply_moe_overrides(specs: list[str]) -> dict[str, Any]:
+    """Replace ``fused_moe_config.TUNED`` entries (``parse_moe_override``) in this process,
+    before an engine is built; returns them for the results JSON."""
+    from atom_core.ops.triton import fused_moe_config
+
+    applied = {}
+    for spec in specs:
+        (h, i, t), config = parse_moe_override(spec)
+        fused_moe_config.TUNED.setdefault((h, i), {})[t] = config
+        applied[f"{h},{i},{t}"] = config
+    return applied
+
+
 def apply_gemv_overrides(specs: list[str]) -> dict[str, Any]:
     """Replace ``gemv_config.TUNED`` entries (``parse_gemv_override``) in this process, before
     an engine is built, to A/B a config in the model; returns them for the results JSON."""

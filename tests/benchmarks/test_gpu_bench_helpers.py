@@ -200,3 +200,18 @@ def test_randomize_schemes():
     assert decode_latency.parse_args(["--weights", "vllm"]).weights == "vllm"
     with pytest.raises(SystemExit):
         decode_latency.parse_args(["--weights", "xavier"])
+
+
+def test_moe_config_overrides_replace_table_entries(monkeypatch):
+    from atom_core.ops.triton import fused_moe_config
+
+    monkeypatch.setattr(fused_moe_config, "TUNED", {k: dict(v) for k, v in fused_moe_config.TUNED.items()})
+    args = decode_latency.parse_args(["--moe-config", "2048,768,32=16,64,256,4,2", "--moe-config", "64,32,8=16,32,64,2,3"])
+    applied = gpu_models.apply_moe_overrides(args.moe_config)
+    assert fused_moe_config.get_config(20, 8, 128, 2048, 768) == {
+        "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
+    assert fused_moe_config.get_config(5, 2, 8, 64, 32)["BLOCK_K"] == 64  # a shape the table lacked
+    assert set(applied) == {"2048,768,32", "64,32,8"}
+    for bad in ("2048,768=16,64,256,4,2", "2048,768,24=16,64,256,4,2", "2048,768,32=16,64,256", "x"):
+        with pytest.raises(SystemExit):
+            decode_latency.parse_args(["--moe-config", bad])
