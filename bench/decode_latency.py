@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpu_models import (  # noqa: E402
     MODELS,
     WEIGHT_SCHEMES,
-    apply_gemv_overrides,
-    apply_moe_overrides,
+    apply_overrides,
     config_path,
     copy_bandwidth,
     decoding,
@@ -226,9 +225,11 @@ def report(results: dict) -> None:
 
 
 def main() -> None:
+    from atom_core.ops.triton import fused_moe_config, gemv_config
+
     results: dict = {"machine": machine(), "args": vars(ARGS)}
-    results["gemv_overrides"] = apply_gemv_overrides(ARGS.gemv_config)
-    results["moe_overrides"] = apply_moe_overrides(ARGS.moe_config)
+    results["gemv_overrides"] = apply_overrides(gemv_config.TUNED, parse_gemv_override, ARGS.gemv_config)
+    results["moe_overrides"] = apply_overrides(fused_moe_config.TUNED, parse_moe_override, ARGS.moe_config)
     results["copy_bandwidth"] = copy_bandwidth()
     print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s", flush=True)
     for name in ARGS.models:

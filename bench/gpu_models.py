@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -98,29 +98,17 @@ def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]
     return (h, i, t), {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
 
 
-def apply_moe_overrides(specs: list[str]) -> dict[str, Any]:
-    """Replace ``fused_moe_config.TUNED`` entries (``parse_moe_override``) in this process,
-    before an engine is built; returns them for the results JSON."""
-    from atom_core.ops.triton import fused_moe_config
-
+def apply_overrides(table: dict, parse: Callable[[str], tuple[tuple[int, int, int], Any]],
+                    specs: list[str]) -> dict[str, Any]:
+    """Replace entries of a shape -> {bucket: config} table (``gemv_config.TUNED`` with
+    ``parse_gemv_override``, ``fused_moe_config.TUNED`` with ``parse_moe_override``) in this
+    process, before an engine is built, to A/B a config in the model; returns them for the
+    results JSON."""
     applied = {}
     for spec in specs:
-        (h, i, t), config = parse_moe_override(spec)
-        fused_moe_config.TUNED.setdefault((h, i), {})[t] = config
-        applied[f"{h},{i},{t}"] = config
-    return applied
-
-
-def apply_gemv_overrides(specs: list[str]) -> dict[str, Any]:
-    """Replace ``gemv_config.TUNED`` entries (``parse_gemv_override``) in this process, before
-    an engine is built, to A/B a config in the model; returns them for the results JSON."""
-    from atom_core.ops.triton import gemv_config
-
-    applied = {}
-    for spec in specs:
-        (n, k, m), config = parse_gemv_override(spec)
-        gemv_config.TUNED.setdefault((n, k), {})[m] = config
-        applied[f"{n},{k},{m}"] = config
+        (a, b, bucket), config = parse(spec)
+        table.setdefault((a, b), {})[bucket] = config
+        applied[f"{a},{b},{bucket}"] = config
     return applied
 
 

@@ -171,7 +171,7 @@ def test_gemv_config_overrides_replace_table_entries(monkeypatch):
     args = decode_latency.parse_args(
         ["--gemv-config", "1024,2048,1=4,512,1", "--gemv-config", "4096,4096,16=cublas",
          "--gemv-config", "7,9,4=16,64,2,8,4", "--gemv-config", "6144,4096,32=128,128,2,4,4"])
-    applied = gpu_models.apply_gemv_overrides(args.gemv_config)
+    applied = gpu_models.apply_overrides(gemv_config.TUNED, gpu_models.parse_gemv_override, args.gemv_config)
     assert gemv_config.get_config(1, 1024, 2048, 2) == {
         "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
     assert gemv_config.get_config(16, 4096, 4096, 2) is None  # the op calls cuBLAS
@@ -207,7 +207,7 @@ def test_moe_config_overrides_replace_table_entries(monkeypatch):
 
     monkeypatch.setattr(fused_moe_config, "TUNED", {k: dict(v) for k, v in fused_moe_config.TUNED.items()})
     args = decode_latency.parse_args(["--moe-config", "2048,768,32=16,64,256,4,2", "--moe-config", "64,32,8=16,32,64,2,3"])
-    applied = gpu_models.apply_moe_overrides(args.moe_config)
+    applied = gpu_models.apply_overrides(fused_moe_config.TUNED, gpu_models.parse_moe_override, args.moe_config)
     assert fused_moe_config.get_config(20, 8, 128, 2048, 768) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
     assert fused_moe_config.get_config(5, 2, 8, 64, 32)["BLOCK_K"] == 64  # a shape the table lacked
