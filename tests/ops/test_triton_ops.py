@@ -71,6 +71,37 @@ def test_rotary(dtype, is_neox, rot_dim):
         assert rel_err(a, b) < tolerance(dtype)
 
 
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_reads_strided_heads_in_place(is_neox, monkeypatch):
+    # DeepSeek's q_pe: the last 16 of each 48-wide head of q, as [T, heads, 16] with a head
+    # stride of 48, and its k_pe: the tail of each latent row. Neither is copied first.
+    tokens, heads, nope, rope = 5, 4, 32, 16
+    cache = rand(64, rope, seed=3)
+    pos = torch.tensor([0, 7, 3, 63, 12], device=DEVICE)
+    q_pe = rand(tokens, heads, nope + rope)[..., nope:]
+    k_pe = rand(tokens, 24 + rope, seed=1)[:, 24:]
+    read = []
+    real = rotary._rotary_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                read.extend((args[1].data_ptr(), args[4].data_ptr()))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(rotary, "_rotary_kernel", Spy())
+    got = rotary.rotary_embedding(pos, q_pe, k_pe, rope, cache, is_neox)
+    assert read == [q_pe.data_ptr(), k_pe.data_ptr()]
+    assert got[0].shape == q_pe.shape and got[1].shape == k_pe.shape
+    ref = native_rotary.rotary_embedding(pos, q_pe, k_pe, rope, cache, is_neox)
+    flat = rotary.rotary_embedding(pos, q_pe.reshape(tokens, -1), k_pe, rope, cache, is_neox)
+    for a, b, c in zip(got, ref, flat):
+        assert rel_err(a, b) < tolerance(torch.float32)
+        assert torch.equal(a.reshape(c.shape), c)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_write_kv_cache(dtype):
     blocks, bs, kvh, d = 6, 4, 2, 16

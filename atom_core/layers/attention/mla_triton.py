@@ -72,5 +72,9 @@ class TritonMLABackend(NativeMLABackend):
             mla_num_splits(num_seqs, self.num_heads, self._sms, config),
             out=latent.transpose(0, 1), config=config,
         )
-        # Apply W_UV per head on the [H, S, L] layout the kernel wrote: latent -> value space.
-        return torch.bmm(latent, w_uv.transpose(1, 2)).transpose(0, 1)
+        # Apply W_UV per head on the [H, S, L] layout the kernel wrote: latent -> value space,
+        # written through an [H, S, v] view of [S, H, v] so that o_proj's [S, H * v] input
+        # is a view, not a copy (cuBLAS takes the row stride H * v).
+        out = q_latent.new_empty(num_seqs, self.num_heads, self.v_head_dim)
+        torch.bmm(latent, w_uv.transpose(1, 2), out=out.transpose(0, 1))
+        return out

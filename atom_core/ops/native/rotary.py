@@ -25,7 +25,8 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate the first ``rot_dim`` dims of each head of query/key ([T, heads*head_size]).
+    """Rotate the first ``rot_dim`` dims of each head of query/key ([T, heads*head_size], or
+    [T, heads, head_size]: new tensors of the same shapes).
 
     ``cos_sin_cache`` is [max_position, rot_dim] holding cos in the first half, sin in the
     second; computation is fp32, results are in the inputs' dtype.

@@ -91,9 +91,7 @@ class DeepseekV2Attention(nn.Module):
         latent = self.kv_a_proj_with_mqa(hidden_states)
         kv_c, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv_c = self.kv_a_layernorm(kv_c)
-        q_pe, k_pe = self.rotary_emb(positions, q_pe.reshape(num_tokens, -1), k_pe)
-        out = self.mla_attn(
-            q_nope, q_pe.view(num_tokens, self.num_heads, self.qk_rope_head_dim), kv_c, k_pe,
-            self.kv_b_proj.weight,
-        )
+        # q_pe by head ([T, heads, rope], strided): the rotary op reads it in place.
+        q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe)
+        out = self.mla_attn(q_nope, q_pe, kv_c, k_pe, self.kv_b_proj.weight)
         return self.o_proj(out)
