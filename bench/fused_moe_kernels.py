@@ -64,7 +64,7 @@ def kernels(shape: tuple[int, int, int, int], tokens: int, block_m: int) -> tupl
     def down(bn: int, bk: int, warps: int, stages: int) -> None:
         fm._down_kernel[(blocks, triton.cdiv(hidden, bn))](
             act, w2, w2.stride(0), w2.stride(1), w2.stride(2), flat_weights, per_pair, pairs, block_expert,
-            num_pairs, hidden, inter, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
+            num_pairs, top_k, top_k, hidden, inter, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION="tf32",
             PDL=False, num_warps=warps, num_stages=stages)
 
     return {"gate_up": (gate_up, touched * 2 * inter * hidden * 2, 2),

@@ -119,12 +119,6 @@ class FusedMoE(nn.Module):
         self.w2_weight = nn.Parameter(torch.empty(total, hidden_size, inter), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
-        # The slots every token appends for the shared experts. Constant, so built once
-        # here: forward runs inside CUDA graph capture and must not rebuild them per call.
-        self.register_buffer("shared_ids", torch.arange(num_experts, total), persistent=False)
-        self.register_buffer(
-            "shared_weights", torch.ones(num_shared_experts, dtype=torch.float32), persistent=False
-        )
         self._op = resolve_op("fused_moe", get_build_context().device)
 
     def weight_loader(
@@ -171,13 +165,10 @@ class FusedMoE(nn.Module):
     def forward(
         self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        if self.num_shared_experts:
-            num_tokens = topk_ids.shape[0]
-            shared_ids = self.shared_ids.to(topk_ids.dtype).expand(num_tokens, -1)
-            shared_weights = self.shared_weights.to(topk_weights.dtype).expand(num_tokens, -1)
-            topk_ids = torch.cat((topk_ids, shared_ids), dim=1)
-            topk_weights = torch.cat((topk_weights, shared_weights), dim=1)
-        return self._op(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        """``topk_weights`` / ``topk_ids`` [T, k]: the routed choices; the op adds the shared
+        experts' slots itself."""
+        return self._op(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+                        num_shared_experts=self.num_shared_experts)
 
     def extra_repr(self) -> str:
         return (

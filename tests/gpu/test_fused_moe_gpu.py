@@ -132,3 +132,21 @@ def test_cuda_graph_replay(tokens):
         graph.replay()
         ref = native_fused_moe(x, w13, w2, weights, ids)
         assert rel_err(out, ref) < tolerance(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 32, 256])
+def test_shared_experts_as_implicit_slots(dtype, tokens):
+    """DeepSeek-V2-Lite's layout: 64 routed experts and 2 shared ones stacked after them,
+    which every token takes with weight 1.0 without their ids being in topk_ids."""
+    from atom_core.ops.native.moe import with_shared_experts
+
+    experts, top_k, hidden, inter = 66, 6, 2048, 1408
+    w13, w2 = expert_weights(experts, hidden, inter, dtype)
+    x = torch.randn(tokens, hidden, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    x = x.to(dtype)
+    weights, ids = routed(tokens, 64, top_k)
+    got = fused_moe(x, w13, w2, weights, ids, num_shared_experts=2)
+    full_weights, full_ids = with_shared_experts(weights, ids, experts, 2)
+    assert torch.equal(got, fused_moe(x, w13, w2, full_weights, full_ids))
+    assert rel_err(got, native_fused_moe(x, w13, w2, full_weights, full_ids)) < tolerance(dtype)

@@ -157,6 +157,6 @@ def test_triton_op_matches_native_with_the_shared_slots(dtype):
     x = torch.randn(7, HIDDEN, generator=torch.Generator().manual_seed(4)).to(dtype)
     topk_weights, topk_ids = routing(7)
     native = layer(x, topk_weights, topk_ids)
-    layer._op = lambda *args: triton_fused_moe(*args, config=tiny)
+    layer._op = lambda *args, **kwargs: triton_fused_moe(*args, **kwargs, config=tiny)
     got = layer(x, topk_weights, topk_ids)
     assert got.dtype == dtype and rel_err(got, native) < tolerance(dtype)

@@ -115,17 +115,38 @@ def test_tuned_table_covers_its_buckets_and_defers_past_them():
     "tokens,top_k,experts,block_m",
     [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1), (64, 8, 128, 64), (100, 5, 160, 32)],
 )
-def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m):
+@pytest.mark.parametrize("shared", [0, 2])
+def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, shared):
     # The decode-size kernel must lay rows out exactly as the torch path: same rows,
     # same token order within each expert, same block owners; out-of-range ids get no row.
+    # Shared experts (the last ``shared`` of the E) exist only as slots after the routed.
+    from atom_core.ops.native.moe import with_shared_experts
     from atom_core.ops.triton import moe_align
 
     g = torch.Generator().manual_seed(tokens * 100 + experts)
     ids = torch.randint(-1, experts + 2, (tokens, top_k), generator=g)
-    flat = ids.reshape(-1)
+    full = with_shared_experts(torch.ones(tokens, top_k), ids, experts, shared)[1] if shared else ids
+    flat = full.reshape(-1)
     capacity = aligned_capacity(flat.numel(), experts, block_m)
-    assert flat.numel() <= moe_align.SMALL_PAIRS
-    small = moe_align._align_small(flat, experts, block_m, capacity)
+    small = moe_align._align_small(ids, flat.numel(), top_k + shared, experts, shared, block_m, capacity)
     ref = moe_align._align_torch(flat, experts, block_m, capacity)
     assert torch.equal(small[0], ref[0]) and torch.equal(small[1], ref[1])
-    assert torch.equal(align_by_expert(ids, experts, block_m)[0], ref[0])  # dispatches to it
+    # The op takes one or the other by size (64 x 8 pairs and 2 shared slots a token: torch).
+    assert torch.equal(align_by_expert(ids, experts, block_m, shared)[0], ref[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 7, 40])
+def test_shared_experts_are_implicit_slots(dtype, tokens):
+    # Two of the 8 experts are shared: every token takes them with weight 1.0 after its
+    # routed choices. The same as the native op on the explicit [T, k + 2] choices.
+    from atom_core.ops.native.moe import with_shared_experts
+
+    x, w13, w2, weights, ids = moe_inputs(tokens, 8, 3, 40, 24, dtype)
+    ids = ids % 6  # routed ids among the first 6
+    ids[0, 1] = -1  # a routed slot of another rank: skipped, the shared ones still count
+    got = fused_moe(x, w13, w2, weights, ids, num_shared_experts=2, config=TINY)
+    full_weights, full_ids = with_shared_experts(weights, ids, 8, 2)
+    assert rel_err(got, native_fused_moe(x, w13, w2, full_weights, full_ids)) < tolerance(dtype)
+    assert rel_err(got, native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=2)) < tolerance(dtype)
+    assert torch.equal(got, fused_moe(x, w13, w2, full_weights, full_ids, config=TINY))

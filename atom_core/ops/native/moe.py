@@ -8,7 +8,9 @@
 topk_ids [T, k]) -> [T, H]``: each token's output is the sum over its k chosen experts e of
 ``topk_weights[t, j] * w2[e] @ (silu(gate) * up)`` with ``gate, up = split(w13[e] @ x)``
 (gate rows first, the way HF stacks ``gate_proj`` above ``up_proj``). Ids outside
-``[0, E)`` (an expert another rank owns, or a padding slot) contribute nothing.
+``[0, E)`` (an expert another rank owns, or a padding slot) contribute nothing. With
+``num_shared_experts`` n, the last n of the E experts are shared: every token also takes
+each of them with weight 1.0, after its k routed choices (which topk_ids holds alone).
 
 The reference groups the T*k assignments by expert (one sort), then runs two GEMMs per
 expert over just the rows routed to it, so its cost is that of the tokens' active
@@ -22,13 +24,29 @@ import torch
 import torch.nn.functional as F
 
 
+def with_shared_experts(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, num_shared: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routed choices [T, k] with the shared experts' slots appended: ids E - n .. E - 1,
+    weight 1.0 each."""
+    num_tokens = topk_ids.shape[0]
+    ids = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype, device=topk_ids.device)
+    weights = torch.ones(num_shared, dtype=topk_weights.dtype, device=topk_weights.device)
+    return (torch.cat((topk_weights, weights.expand(num_tokens, -1)), dim=1),
+            torch.cat((topk_ids, ids.expand(num_tokens, -1)), dim=1))
+
+
 def fused_moe(
     hidden: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    *,
+    num_shared_experts: int = 0,
 ) -> torch.Tensor:
+    if num_shared_experts:
+        topk_weights, topk_ids = with_shared_experts(topk_weights, topk_ids, w13.shape[0], num_shared_experts)
     num_tokens, top_k = topk_ids.shape
     num_experts, inter2, _ = w13.shape
     inter = inter2 // 2

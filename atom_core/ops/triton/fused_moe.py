@@ -1,6 +1,6 @@
 """Routed experts as two grouped GEMMs over expert-sorted rows (the ``fused_moe`` op).
 
-Same contract as ``atom_core.ops.native.moe.fused_moe``. The (token, slot) pairs are laid
+Same contract as ``atom_core.ops.native.moe.fused_moe``, shared experts included. The (token, slot) pairs are laid
 out by expert in blocks of BLOCK_M rows (``moe_align``); then
 
 1. ``_gate_up_kernel``: per block, gather the tokens' hidden rows, multiply by the block's
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
-from atom_core.ops.triton.moe_align import align_by_expert
+from atom_core.ops.triton.moe_align import align_by_expert, pair_expert
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
@@ -72,7 +72,7 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, hidden, inter,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, routed_k, hidden, inter,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -97,7 +97,10 @@ def _down_kernel(
         w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
         w = tl.load(w_base + w_off, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
-    scale = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+    # Routed slots carry their routing weight ([T, routed_k]); shared experts' slots 1.0.
+    t = pair // top_k
+    j = pair - t * top_k
+    scale = tl.load(weights_ptr + t * routed_k + j, mask=valid & (j < routed_k), other=1.0).to(tl.float32)
     # The expert's output is rounded to the model dtype (as F.linear's is), then weighted in fp32.
     y = acc.to(act_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
     out_off = pair[:, None].to(tl.int64) * hidden + cols[None, :]
@@ -106,7 +109,7 @@ def _down_kernel(
 
 @triton.jit
 def _sum_pairs_kernel(
-    per_pair_ptr, ids_ptr, out_ptr, top_k, num_experts, hidden,
+    per_pair_ptr, ids_ptr, out_ptr, top_k, routed_k, num_experts, num_shared, hidden,
     BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
@@ -117,7 +120,7 @@ def _sum_pairs_kernel(
     # row), summed by one fixed-order reduction: the same sum every run.
     j = tl.arange(0, BLOCK_K)
     pair = token * top_k + j
-    e = tl.load(ids_ptr + pair, mask=j < top_k, other=-1)
+    e = pair_expert(ids_ptr, pair, j < top_k, top_k, routed_k, num_experts - num_shared)
     used = (j < top_k) & (e >= 0) & (e < num_experts)  # else the pair had no row: its slot is garbage
     rows = tl.load(per_pair_ptr + pair[:, None] * hidden + cols[None, :], mask=used[:, None] & col_ok[None, :], other=0.0)
     tl.store(out_ptr + token * hidden + cols, tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
@@ -130,10 +133,14 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
+    num_shared_experts: int = 0,
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
-    """[T, H] MoE output; ``config`` overrides the table's block sizes (for tuning)."""
-    num_tokens, top_k = topk_ids.shape
+    """[T, H] MoE output; ``config`` overrides the table's block sizes (for tuning). The
+    shared experts' slots (``num_shared_experts``) exist only as pair indices: no tensor
+    of their ids or weights is built."""
+    num_tokens, routed_k = topk_ids.shape
+    top_k = routed_k + num_shared_experts
     num_experts, inter2, hidden_size = w13.shape
     inter = inter2 // 2
     num_pairs = num_tokens * top_k
@@ -142,8 +149,9 @@ def fused_moe(
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl_options(hidden.device)}
     x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
-    weights = topk_weights.reshape(-1).contiguous()
-    sorted_pairs, block_expert = align_by_expert(topk_ids, num_experts, block_m)
+    weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
+    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+    sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts)
     capacity = sorted_pairs.numel()
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     act = torch.empty((capacity, inter), dtype=hidden.dtype, device=hidden.device)
@@ -156,15 +164,14 @@ def fused_moe(
     per_pair = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
     _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
         act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
-        sorted_pairs, block_expert, num_pairs, hidden_size, inter,
+        sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
     )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     block_k = triton.next_power_of_2(top_k)
     block_h = min(4096 // block_k, triton.next_power_of_2(hidden_size))
     _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden_size, block_h))](
-        per_pair, ids, out, top_k, num_experts, hidden_size, BLOCK_K=block_k, BLOCK_H=block_h,
-        num_warps=4, **pdl_options(hidden.device),
+        per_pair, ids, out, top_k, routed_k, num_experts, num_shared_experts, hidden_size,
+        BLOCK_K=block_k, BLOCK_H=block_h, num_warps=4, **pdl_options(hidden.device),
     )
     return out

@@ -25,22 +25,39 @@ def aligned_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
+@triton.jit
+def pair_expert(ids_ptr, pair, valid, top_k, routed_k, first_shared):
+    """The expert of each flat pair ``t * top_k + j`` (-1 where not ``valid``): routed slots
+    (j < routed_k) read ``ids [T, routed_k]``; the others are shared experts, first_shared
+    on, which no tensor holds."""
+    t = pair // top_k
+    j = pair - t * top_k
+    routed = j < routed_k
+    e = tl.load(ids_ptr + t * routed_k + j, mask=valid & routed, other=-1)
+    return tl.where(routed | ~valid, e, first_shared + j - routed_k)
+
+
 def align_by_expert(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, num_shared: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sorted_pairs, block_expert)``.
 
     ``sorted_pairs`` [capacity] int32: the flat pair index ``t * k + j`` held by each
-    padded row, or ``T * k`` on a padding row. ``block_expert`` [capacity / block_m] int32:
-    the expert of each block of rows, or -1 for the blocks past the last expert's segment.
-    Pairs whose id is outside ``[0, E)`` get no row at all.
+    padded row, or ``T * k`` on a padding row; k counts the routed slots of ``topk_ids``
+    and then ``num_shared`` slots, one for each shared expert (the last of the E). ``block_expert``
+    [capacity / block_m] int32: the expert of each block of rows, or -1 for the blocks
+    past the last expert's segment. Pairs whose id is outside ``[0, E)`` get no row at all.
     """
-    flat = topk_ids.reshape(-1).long()
-    num_pairs = flat.numel()
+    num_tokens, routed_k = topk_ids.shape
+    num_pairs = num_tokens * (routed_k + num_shared)
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
     if 0 < num_pairs <= SMALL_PAIRS and num_experts <= SMALL_EXPERTS:
-        return _align_small(flat, num_experts, block_m, capacity)
-    return _align_torch(flat, num_experts, block_m, capacity)
+        ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
+        return _align_small(ids, num_pairs, routed_k + num_shared, num_experts, num_shared, block_m, capacity)
+    if num_shared:
+        shared = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype, device=topk_ids.device)
+        topk_ids = torch.cat((topk_ids, shared.expand(num_tokens, -1)), dim=1)
+    return _align_torch(topk_ids.reshape(-1).long(), num_experts, block_m, capacity)
 
 
 def _align_torch(
@@ -80,7 +97,7 @@ SMALL_EXPERTS = 512
 
 @triton.jit
 def _align_small_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_experts, capacity,
+    ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, top_k, routed_k, num_experts, num_shared, capacity,
     BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, SEG_BLOCKS: tl.constexpr,
     FILL: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -92,7 +109,7 @@ def _align_small_kernel(
     pdl_wait(PDL)
     e = tl.program_id(0)
     pairs = tl.arange(0, P_PAD)
-    ids = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
+    ids = pair_expert(ids_ptr, pairs, pairs < num_pairs, top_k, routed_k, num_experts - num_shared).to(tl.int32)
     # Out-of-range ids (and the padding past num_pairs) match no expert: they get no row.
     in_range = (ids >= 0) & (ids < num_experts)
     ids = tl.where(in_range, ids, E_PAD)
@@ -124,16 +141,15 @@ def _align_small_kernel(
 
 
 def _align_small(
-    flat: torch.Tensor, num_experts: int, block_m: int, capacity: int
+    ids: torch.Tensor, num_pairs: int, top_k: int, num_experts: int, num_shared: int, block_m: int, capacity: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    num_pairs = flat.numel()
-    sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=flat.device)
-    block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=flat.device)
+    sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)
     p_pad = triton.next_power_of_2(num_pairs)
     _align_small_kernel[(num_experts + 1,)](
-        flat, sorted_pairs, block_expert, num_pairs, num_experts, capacity,
+        ids, sorted_pairs, block_expert, num_pairs, top_k, top_k - num_shared, num_experts, num_shared, capacity,
         BLOCK_M=block_m, P_PAD=p_pad, E_PAD=triton.next_power_of_2(num_experts),
         SEG_BLOCKS=triton.next_power_of_2(triton.cdiv(num_pairs, block_m)), FILL=1024,
-        num_warps=4, **pdl_options(flat.device),
+        num_warps=4, **pdl_options(ids.device),
     )
     return sorted_pairs, block_expert

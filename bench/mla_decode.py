@@ -1,0 +1,106 @@
+"""Paged MLA decode (ops/triton/mla_decode.py: the latent kernel and its split merge) over
+its launch space (GPU).
+
+For DeepSeek's decode shapes (kv_lora_rank 512, rope 64, bf16), each KV split count and
+config (BLOCK_N, warps, stages) is timed as a CUDA graph of LAYERS back-to-back calls
+(median replay), each on its own latent cache, against the roofline: the latent bytes
+read over 4.27 TB/s. Marks what ``mla_num_splits`` and the default config pick today.
+
+    python bench/mla_decode.py [--default-only] [--shapes NAME ...]
+        [--json bench/results/mla_decode.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from atom_core.ops.triton.mla_decode import MLADecodeConfig, mla_decode_attention, mla_num_splits
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_timing import graph_us  # noqa: E402
+
+COPY_BW = 4.27e12
+LAYERS = 8
+BLOCK_SIZE = 16
+RANK, ROPE = 512, 64
+# name: (batch, context, heads)
+SHAPES = {
+    "deepseek-v2-lite bs1 ctx576": (1, 576, 16),
+    "deepseek-v2-lite bs32 ctx640": (32, 640, 16),
+    "deepseek-v3 bs1 ctx576": (1, 576, 128),
+    "deepseek-v3 bs32 ctx640": (32, 640, 128),
+}
+SPLITS = [1, 2, 4, 8, 16, 32]
+CONFIGS = [(32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 4, 3), (32, 8, 2), (64, 4, 2)]
+
+
+def make_inputs(batch: int, ctx: int, heads: int):
+    blocks_per_seq = -(-ctx // BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq
+    caches = [torch.randn(num_blocks, BLOCK_SIZE, RANK + ROPE, device="cuda", dtype=torch.bfloat16)
+              for _ in range(LAYERS)]
+    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, blocks_per_seq)
+    seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    q = torch.randn(batch, heads, RANK, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(batch, heads, ROPE, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    return caches, tables, seq_lens, q, q_pe, out
+
+
+def calls(inputs, splits: int, config: MLADecodeConfig | None) -> list:
+    """One call a layer, each on its own cache."""
+    caches, tables, seq_lens, q, q_pe, out = inputs
+    scale = (128 + ROPE) ** -0.5
+    return [functools.partial(mla_decode_attention, q, q_pe, cache, tables, seq_lens, scale, splits, out=out,
+                              config=config) for cache in caches]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default="bench/results/mla_decode.json")
+    p.add_argument("--default-only", action="store_true", help="time only today's split count and config")
+    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    args = p.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default_config = MLADecodeConfig.for_dtype(torch.bfloat16)
+    results = {}
+    for name in args.shapes:
+        batch, ctx, heads = SHAPES[name]
+        inputs = make_inputs(batch, ctx, heads)
+        roofline = batch * ctx * (RANK + ROPE) * 2 / COPY_BW * 1e6
+        chosen = mla_num_splits(batch, heads, sms, default_config)
+        for call in calls(inputs, chosen, None):
+            call()
+        ref = inputs[-1].float().clone()
+        rows = []
+        space = [(chosen, None)]
+        if not args.default_only:
+            space += [(s, MLADecodeConfig(block_n=n, num_warps=w, num_stages=st)) for s in SPLITS
+                      for n, w, st in CONFIGS]
+        for splits, config in space:
+            us = graph_us(calls(inputs, splits, config), replays=20)
+            err = (inputs[-1].float() - ref).abs().max().item()
+            rows.append({"splits": splits, "config": asdict(config) if config else None, "us": us,
+                         "max_abs_diff": err})
+        best = min(rows, key=lambda r: r["us"])
+        default = rows[0]
+        results[name] = {"roofline_us": roofline, "default": default, "best": best, "all": rows}
+        cfg = best["config"] and (best["config"]["block_n"], best["config"]["num_warps"], best["config"]["num_stages"])
+        print(f"{name:30s} roofline {roofline:6.2f} us | today (splits {chosen}) {default['us']:6.2f} us | "
+              f"best (splits {best['splits']}, config {cfg or 'default'}) {best['us']:6.2f} us | "
+              f"max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
