@@ -59,7 +59,9 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Hidden states -> fp32 logits over the vocabulary.
+    """Hidden states -> logits over the vocabulary, in the model's dtype: the sampler widens
+    them to fp32 where it computes on them, and greedy decoding takes the argmax of the
+    narrow ones (the same token), so a decode step has no [batch, vocab] copy to fp32.
 
     ``tie_to(embedding)`` shares the embedding's weight (``tie_word_embeddings``), so the
     checkpoint's ``lm_head.weight``, if present at all, is redundant.
@@ -81,4 +83,4 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # With TP > 1 the ranks' vocabulary slices are gathered here, padded rows cut off.
-        return self._linear(hidden_states, self.weight, self.bias).float()
+        return self._linear(hidden_states, self.weight, self.bias)

@@ -28,7 +28,8 @@ class CausalLM(Protocol):
         ...
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[N, hidden] (the rows to sample from) -> [N, vocab] fp32 logits."""
+        """[N, hidden] (the rows to sample from) -> [N, vocab] logits, fp32 or the model's
+        dtype (the sampler widens them where it needs to)."""
         ...
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

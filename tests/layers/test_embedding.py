@@ -14,12 +14,16 @@ def test_embedding_and_untied_head():
     torch.testing.assert_close(head(h), h @ wh.T)
 
 
-def test_tied_head_shares_the_embedding_and_returns_fp32():
+def test_tied_head_shares_the_embedding_and_returns_model_dtype_logits():
     emb, head = VocabParallelEmbedding(10, 4), ParallelLMHead(10, 4)
     head.tie_to(emb)
     emb.weight.weight_loader(emb.weight, torch.randn(10, 4))
     assert head.weight is emb.weight and head.tied
-    logits = head(torch.randn(3, 4))
+    x = torch.randn(3, 4)
+    logits = head(x)
     assert logits.dtype == torch.float32 and logits.shape == (3, 10)
     emb.bfloat16()
-    assert head(torch.randn(3, 4, dtype=torch.bfloat16)).dtype == torch.float32
+    # No widening copy: the bf16 product itself (the sampler widens where it computes).
+    narrow = head(x.bfloat16())
+    assert narrow.dtype == torch.bfloat16
+    assert torch.equal(narrow, torch.nn.functional.linear(x.bfloat16(), emb.weight))
