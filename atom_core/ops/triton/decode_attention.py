@@ -103,7 +103,7 @@ def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPT
 
 
 @triton.jit
-def tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N: tl.constexpr):
+def _tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N: tl.constexpr):
     """Where tokens n0..n0+BLOCK_N of a sequence (those < end) sit in the cache, for kv head
     kvh: an offset per token, from the sequence's block table."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -187,7 +187,7 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     first = start
-    rows = tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+    rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
@@ -195,7 +195,7 @@ def _decode_kernel(
         # before this one may be writing now. That row is reloaded after the wait, from L2.
         k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N)
         first = start + BLOCK_N
-        rows = tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+        rows = _tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
     if FUSED_INPUT:
         cs = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
         slot = tl.load(slot_ptr + row)
@@ -237,7 +237,7 @@ def _decode_kernel(
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     for n0 in range(first, end, BLOCK_N):
-        next_rows = tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk, stride_slot,
+        next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk, stride_slot,
                                stride_head, BLOCK_N)
         k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_core.ops.triton.decode_attention import num_kv_splits, tile_rows
+from atom_core.ops.triton.decode_attention import num_kv_splits
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
@@ -68,20 +68,16 @@ def _mla_decode_kernel(
     BLOCK_R: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     s = tl.program_id(0)
     hb = tl.program_id(1)
     split = tl.program_id(2)
     s64 = s.to(tl.int64)
-    # Before pdl_wait (pdl.py): the batch metadata and the first tile's block-table entries,
-    # which no kernel of the step writes.
     seq_len = tl.load(seq_lens_ptr + s)
     # Split length rounded to whole tiles; splits past the context end do no work.
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    bt_row = bt_ptr + s64 * bt_stride
-    rows = tile_rows(bt_row, start, end, 0, block_size, stride_blk, stride_slot, 0, BLOCK_N)
-    pdl_wait(PDL)
 
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_l = tl.arange(0, BLOCK_L)
@@ -98,13 +94,12 @@ def _mla_decode_kernel(
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_L], tl.float32)
+    bt_row = bt_ptr + s64 * bt_stride
     for n0 in range(start, end, BLOCK_N):
-        # The next tile's block-table entries one iteration ahead (as decode attention
-        # does): read in the iteration that uses them, they cost a dependent round trip
-        # before each tile's loads.
-        next_rows = tile_rows(bt_row, n0 + BLOCK_N, end, 0, block_size, stride_blk, stride_slot, 0, BLOCK_N)
-        nmask = n0 + tl.arange(0, BLOCK_N) < end
-        row = cache_ptr + rows
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
+        row = cache_ptr + blk * stride_blk + (offs_n % block_size) * stride_slot
         # The casts are no-ops unless the cache's dtype differs from the queries'.
         kv = tl.load(row[:, None] + offs_l[None, :], mask=nmask[:, None] & lmask[None, :],
                      other=0.0).to(q.dtype)
@@ -119,7 +114,6 @@ def _mla_decode_kernel(
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv, input_precision=PRECISION)
         m = m_new
-        rows = next_rows
 
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
