@@ -24,16 +24,19 @@ import torch
 import torch.nn.functional as F
 
 
+def with_shared_expert_ids(topk_ids: torch.Tensor, num_experts: int, num_shared: int) -> torch.Tensor:
+    """The routed ids [T, k] with the shared experts' ids, E - n .. E - 1, appended to each row."""
+    ids = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype, device=topk_ids.device)
+    return torch.cat((topk_ids, ids.expand(topk_ids.shape[0], -1)), dim=1)
+
+
 def with_shared_experts(
     topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, num_shared: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The routed choices [T, k] with the shared experts' slots appended: ids E - n .. E - 1,
-    weight 1.0 each."""
-    num_tokens = topk_ids.shape[0]
-    ids = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype, device=topk_ids.device)
+    """The routed choices [T, k] with the shared experts' slots appended (weight 1.0 each)."""
     weights = torch.ones(num_shared, dtype=topk_weights.dtype, device=topk_weights.device)
-    return (torch.cat((topk_weights, weights.expand(num_tokens, -1)), dim=1),
-            torch.cat((topk_ids, ids.expand(num_tokens, -1)), dim=1))
+    return (torch.cat((topk_weights, weights.expand(topk_weights.shape[0], -1)), dim=1),
+            with_shared_expert_ids(topk_ids, num_experts, num_shared))
 
 
 def fused_moe(

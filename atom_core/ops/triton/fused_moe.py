@@ -1,7 +1,7 @@
 """Routed experts as two grouped GEMMs over expert-sorted rows (the ``fused_moe`` op).
 
-Same contract as ``atom_core.ops.native.moe.fused_moe``, shared experts included. The (token, slot) pairs are laid
-out by expert in blocks of BLOCK_M rows (``moe_align``); then
+Same contract as ``atom_core.ops.native.moe.fused_moe``, shared experts included. The
+(token, slot) pairs are laid out by expert in blocks of BLOCK_M rows (``moe_align``); then
 
 1. ``_gate_up_kernel``: per block, gather the tokens' hidden rows, multiply by the block's
    expert's ``w13`` and write ``silu(gate) * up`` to an intermediate [rows, I] (the

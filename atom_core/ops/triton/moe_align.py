@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.native.moe import with_shared_expert_ids
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
@@ -43,10 +44,11 @@ def align_by_expert(
     """``(sorted_pairs, block_expert)``.
 
     ``sorted_pairs`` [capacity] int32: the flat pair index ``t * k + j`` held by each
-    padded row, or ``T * k`` on a padding row; k counts the routed slots of ``topk_ids``
-    and then ``num_shared`` slots, one for each shared expert (the last of the E). ``block_expert``
-    [capacity / block_m] int32: the expert of each block of rows, or -1 for the blocks
-    past the last expert's segment. Pairs whose id is outside ``[0, E)`` get no row at all.
+    padded row, or ``T * k`` on a padding row; k counts the routed slots of ``topk_ids``,
+    then ``num_shared`` slots, one for each shared expert (the last of the E).
+    ``block_expert`` [capacity / block_m] int32: the expert of each block of rows, or -1 for
+    the blocks past the last expert's segment. Pairs whose id is outside ``[0, E)`` get no
+    row at all.
     """
     num_tokens, routed_k = topk_ids.shape
     num_pairs = num_tokens * (routed_k + num_shared)
@@ -54,9 +56,8 @@ def align_by_expert(
     if 0 < num_pairs <= SMALL_PAIRS and num_experts <= SMALL_EXPERTS:
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
         return _align_small(ids, num_pairs, routed_k + num_shared, num_experts, num_shared, block_m, capacity)
-    if num_shared:
-        shared = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype, device=topk_ids.device)
-        topk_ids = torch.cat((topk_ids, shared.expand(num_tokens, -1)), dim=1)
+    if num_shared:  # prefill sizes: the torch path takes the slots as ids
+        topk_ids = with_shared_expert_ids(topk_ids, num_experts, num_shared)
     return _align_torch(topk_ids.reshape(-1).long(), num_experts, block_m, capacity)
 
 
