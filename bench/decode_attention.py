@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_timing import graph_us  # noqa: E402
+from gpu_timing import run_shapes, sweep  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -73,33 +72,22 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    results = {}
-    for name in args.shapes:
+
+    def measure(name: str) -> dict:
         batch, ctx, heads, kv_heads = SHAPES[name]
         inputs = make_inputs(batch, ctx, heads, kv_heads)
         roofline = batch * ctx * kv_heads * 128 * 2 * 2 / COPY_BW * 1e6
         chosen = num_kv_splits(batch, kv_heads, sms)
-        for call in calls(inputs, chosen, None):
-            call()
-        ref = inputs[-1].float().clone()
-        rows = []
         # None: the op's own tile choice (what a model runs today).
         space = [(chosen, None)] + ([] if args.default_only else [(s, t) for s in SPLITS for t in TILES])
-        for splits, tile in space:
-            us = graph_us(calls(inputs, splits, tile), replays=20)
-            err = (inputs[-1].float() - ref).abs().max().item()
-            rows.append({"splits": splits, "tile": tile, "us": us, "max_abs_diff": err})
-        best = min(rows, key=lambda r: r["us"])
-        default = rows[0]
-        results[name] = {"roofline_us": roofline, "default": default, "best": best, "all": rows}
+        found = sweep(functools.partial(calls, inputs), space, inputs[-1], lambda p: {"splits": p[0], "tile": p[1]})
+        best, default, rows = found["best"], found["default"], found["all"]
         print(f"{name:28s} roofline {roofline:6.2f} us | today (splits {chosen}, default tile) "
               f"{default['us']:6.2f} us | best (splits {best['splits']}, tile {best['tile'] or 'default'}) "
               f"{best['us']:6.2f} us | max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
-        del inputs
-        torch.cuda.empty_cache()
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1)
+        return {"roofline_us": roofline, **found}
 
+    run_shapes(args.shapes, measure, args.json)
 
 if __name__ == "__main__":
     main()

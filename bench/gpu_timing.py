@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -31,3 +32,31 @@ def graph_us(fns: list[Callable[[], Any]], replays: int = 7) -> float:
         times.append(start.elapsed_time(end) * 1e3 / len(fns))
     del graph
     return sorted(times)[len(times) // 2]
+
+
+def sweep(
+    make_calls: Callable[..., list[Callable[[], Any]]], space: list[tuple], out: torch.Tensor,
+    describe: Callable[[tuple], dict],
+) -> dict:
+    """``graph_us(make_calls(*point))`` for every point of ``space``, the first being what
+    the op picks today; each row also holds the largest difference of ``out`` from the
+    first point's result. {"default": first row, "best": fastest row, "all": rows}."""
+    for fn in make_calls(*space[0]):
+        fn()
+    ref = out.float().clone()
+    rows = []
+    for point in space:
+        us = graph_us(make_calls(*point), replays=20)
+        rows.append({**describe(point), "us": us, "max_abs_diff": (out.float() - ref).abs().max().item()})
+    return {"default": rows[0], "best": min(rows, key=lambda r: r["us"]), "all": rows}
+
+
+def run_shapes(names: list[str], measure: Callable[[str], dict], json_path: str) -> None:
+    """``measure(name)`` for each shape (its tensors freed before the next), the results to
+    ``json_path`` by name."""
+    results = {}
+    for name in names:
+        results[name] = measure(name)
+        torch.cuda.empty_cache()
+    with open(json_path, "w") as f:
+        json.dump(results, f, indent=1)

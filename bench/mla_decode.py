@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from atom_core.ops.triton.mla_decode import MLADecodeConfig, mla_decode_attention, mla_num_splits
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_timing import graph_us  # noqa: E402
+from gpu_timing import run_shapes, sweep  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -70,37 +69,26 @@ def main() -> None:
     args = p.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     default_config = MLADecodeConfig.for_dtype(torch.bfloat16)
-    results = {}
-    for name in args.shapes:
+
+    def measure(name: str) -> dict:
         batch, ctx, heads = SHAPES[name]
         inputs = make_inputs(batch, ctx, heads)
         roofline = batch * ctx * (RANK + ROPE) * 2 / COPY_BW * 1e6
         chosen = mla_num_splits(batch, heads, sms, default_config)
-        for call in calls(inputs, chosen, None):
-            call()
-        ref = inputs[-1].float().clone()
-        rows = []
-        space = [(chosen, None)]
+        space: list[tuple] = [(chosen, None)]
         if not args.default_only:
             space += [(s, MLADecodeConfig(block_n=n, num_warps=w, num_stages=st)) for s in SPLITS
                       for n, w, st in CONFIGS]
-        for splits, config in space:
-            us = graph_us(calls(inputs, splits, config), replays=20)
-            err = (inputs[-1].float() - ref).abs().max().item()
-            rows.append({"splits": splits, "config": asdict(config) if config else None, "us": us,
-                         "max_abs_diff": err})
-        best = min(rows, key=lambda r: r["us"])
-        default = rows[0]
-        results[name] = {"roofline_us": roofline, "default": default, "best": best, "all": rows}
+        found = sweep(functools.partial(calls, inputs), space, inputs[-1],
+                      lambda p: {"splits": p[0], "config": asdict(p[1]) if p[1] else None})
+        best, default, rows = found["best"], found["default"], found["all"]
         cfg = best["config"] and (best["config"]["block_n"], best["config"]["num_warps"], best["config"]["num_stages"])
         print(f"{name:30s} roofline {roofline:6.2f} us | today (splits {chosen}) {default['us']:6.2f} us | "
               f"best (splits {best['splits']}, config {cfg or 'default'}) {best['us']:6.2f} us | "
               f"max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
-        del inputs
-        torch.cuda.empty_cache()
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1)
+        return {"roofline_us": roofline, **found}
 
+    run_shapes(args.shapes, measure, args.json)
 
 if __name__ == "__main__":
     main()
