@@ -9,12 +9,14 @@ generator - so its draws depend only on its seed and step count, not on the batc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from atom_core.engine.sequence import Logprob
+from atom_core.ops import resolve_op
 from atom_core.sampling_params import SamplingParams
 
 
@@ -223,15 +225,26 @@ class Sampler(nn.Module):
     predicted, not the (request-dependent) distribution the token was drawn from.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._argmax_fns: dict[torch.device, Callable[[Tensor], Tensor]] = {}
+
+    def _argmax(self, x: Tensor) -> Tensor:
+        """Each row's first largest value's index (the registry's ``argmax`` op)."""
+        fn = self._argmax_fns.get(x.device)
+        if fn is None:
+            fn = self._argmax_fns[x.device] = resolve_op("argmax", x.device)
+        return fn(x)
+
     def forward(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         if batch.all_greedy and not batch.any_penalty and batch.max_logprobs is None:
             # Widening to fp32 is exact, so the argmax (and its first-index tie rule) is the
             # same on the model's dtype; skipping the copy saves a kernel a decode step.
-            return SamplerOutput(logits.argmax(dim=-1), [None] * logits.shape[0])
+            return SamplerOutput(self._argmax(logits), [None] * logits.shape[0])
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
         logits = apply_penalties(logits, batch)
-        greedy_ids = logits.argmax(dim=-1)
+        greedy_ids = self._argmax(logits)
         token_ids = (
             greedy_ids
             if batch.all_greedy
@@ -242,8 +255,7 @@ class Sampler(nn.Module):
             logprobs = _gather_logprobs(raw_logprobs, token_ids, batch.num_logprobs)
         return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
 
-    @staticmethod
-    def _sample(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    def _sample(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
         logits = logits / batch.temperature[:, None]
         if batch.any_top_k or batch.any_top_p:
             logits = apply_top_k_top_p(
@@ -265,4 +277,4 @@ class Sampler(nn.Module):
                         generator=gen
                     )
         # An exact 0 draw would give 0/0 = nan for masked tokens; clamp it away.
-        return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+        return self._argmax(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))

@@ -72,3 +72,16 @@ def test_write_kv_cache(dtype, block_size, kvh, d):
     flat[1, slots[valid]] = v[valid].view(-1, kvh, d)
     assert torch.equal(cache.isnan(), ref.isnan())
     assert torch.equal(cache.nan_to_num(), ref.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,vocab", [(1, 151936), (32, 151936), (256, 102400), (33, 32000), (4, 7)])
+def test_argmax(dtype, rows, vocab):
+    from atom_core.ops.triton.argmax import argmax
+
+    x = rand(rows, vocab, dtype=dtype)
+    x[0, vocab // 3] = x[0, vocab - 1] = 100.0  # a tie across chunks: the first wins
+    if rows > 2:
+        x[1, vocab // 2] = float("nan")
+        x[2] = float("-inf")
+    assert torch.equal(argmax(x), x.argmax(dim=-1))

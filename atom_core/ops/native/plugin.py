@@ -9,6 +9,7 @@ from atom_core.ops.native.moe import fused_moe, select_experts
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm, rms_norm_linear
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
 from atom_core.ops.native.rotary import rotary_embedding
+from atom_core.ops.native.sampling import argmax
 
 NATIVE_OPS = {
     "rms_norm": rms_norm,
@@ -21,6 +22,7 @@ NATIVE_OPS = {
     "linear": linear,
     "silu_and_mul_linear": silu_and_mul_linear,
     "rms_norm_linear": rms_norm_linear,
+    "argmax": argmax,
 }
 
 

@@ -43,6 +43,7 @@ def usable() -> bool:
 
 def triton_ops() -> dict:
     from atom_core.ops.triton.activation import silu_and_mul
+    from atom_core.ops.triton.argmax import argmax
     from atom_core.ops.triton.fused_moe import fused_moe
     from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear
     from atom_core.ops.triton.moe_topk import select_experts
@@ -61,6 +62,7 @@ def triton_ops() -> dict:
         "linear": linear,
         "silu_and_mul_linear": silu_and_mul_linear,
         "rms_norm_linear": rms_norm_linear,
+        "argmax": argmax,
     }
 
 
