@@ -113,24 +113,32 @@ def test_deterministic():
     assert torch.equal(fused_moe(*args), fused_moe(*args))
 
 
-@pytest.mark.parametrize("tokens", [1, 32])
-def test_cuda_graph_replay(tokens):
+@pytest.mark.parametrize("tokens", [1, 32, 128])
+@pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
+def test_cuda_graph_replay(tokens, shape, shared):
     """Captured once, replayed with other routing: the alignment must not read the device
-    from the host (capture would fail) nor bake the capture-time routing in."""
-    x, w13, w2, weights, ids = inputs("qwen3-30b-a3b", tokens, torch.bfloat16)
-    fused_moe(x, w13, w2, weights, ids)  # compile outside the capture
+    from the host (capture would fail) nor bake the capture-time routing in. 128 tokens
+    (> 512 pairs) take the torch alignment, which for DeepSeek's shared experts also builds
+    their ids inside the graph."""
+    from atom_core.ops.native.moe import with_shared_experts
+
+    x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
+    experts = w13.shape[0]
+    if shared:  # the last ``shared`` of the stacked experts, as DeepSeek's FusedMoE holds them
+        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe(x, w13, w2, weights, ids)
+        out = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)
     for seed in (2, 3):
-        nx, _, _, nweights, nids = inputs("qwen3-30b-a3b", tokens, torch.bfloat16, seed=seed)
+        nx, _, _, nweights, nids = inputs(shape, tokens, torch.bfloat16, seed=seed)
         nids[0, 0] = -1
         x.copy_(nx)
         weights.copy_(nweights)
         ids.copy_(nids)
         graph.replay()
-        ref = native_fused_moe(x, w13, w2, weights, ids)
+        ref = native_fused_moe(x, w13, w2, *with_shared_experts(weights, ids, w13.shape[0], shared))
         assert rel_err(out, ref) < tolerance(torch.bfloat16)
 
 
