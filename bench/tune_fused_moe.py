@@ -1,11 +1,14 @@
 """Sweep the Triton fused_moe block configs on a GPU and report the fastest per batch size.
 
     python bench/tune_fused_moe.py [--models qwen3-30b-a3b deepseek-v2-lite]
-        [--shape E,K,H,I ...] [--tp 1] [--batch-sizes 1 2 4 ... 4096] [--dtype bf16]
+        [--shape E,K,H,I[,S] ...] [--tp 1] [--batch-sizes 1 2 4 ... 4096] [--dtype bf16]
+        [--block-m 16 32 ...] [--block-n ...] [--block-k ...] [--warps ...] [--stages ...]
         [--no-graph] [--json bench/results/fused_moe_tuning.json]
 
-Shapes come from ``bench/configs/<model>/config.json`` (experts, top-k, hidden,
-moe_intermediate_size / tp) or ``--shape``. Each config is timed on the whole op
+Shapes come from ``bench/configs/<model>/config.json`` (routed experts, top-k, hidden,
+moe_intermediate_size / tp, shared experts) or ``--shape``. Shared experts (DeepSeek's)
+run as the op runs them in the model: S more stacked experts that every token takes, so
+each holds T rows, not T*k/E. Each config is timed on the whole op
 (alignment, both kernels, the k-sum), replayed from a CUDA graph by default since decode
 runs that way, on softmax-top-k routing of random logits; a config whose output is off
 the native reference, or that does not compile (shared memory), is skipped. Prints the
@@ -39,19 +42,25 @@ SMEM_BYTES = 220 * 1024  # H100/H200 allow 227 KiB per block; keep a little slac
 DEVICE = "cuda"
 
 
-def model_shape(name: str, tp: int) -> tuple[int, int, int, int]:
+def model_shape(name: str, tp: int) -> tuple[int, int, int, int, int]:
     cfg = json.loads((ROOT / "bench" / "configs" / name / "config.json").read_text())
     experts = cfg.get("num_experts") or cfg["n_routed_experts"]
-    return experts, cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"] // tp
+    shared = cfg.get("n_shared_experts") or 0
+    return experts, cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"] // tp, shared
 
 
-def candidates(num_tokens: int, top_k: int, experts: int, elem_bytes: int) -> list[MoeConfig]:
-    rows_per_expert = num_tokens * top_k / experts
+SPACE = {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256), "block_k": (64, 128, 256),
+         "warps": (4, 8), "stages": (2, 3, 4)}
+
+
+def candidates(num_tokens: int, top_k: int, experts: int, elem_bytes: int, shared: int = 0,
+               space: dict = SPACE) -> list[MoeConfig]:
+    rows_per_expert = max(num_tokens * top_k / experts, num_tokens if shared else 0)
     # Tiles much taller than an expert's rows are mostly padding: don't bother.
     max_m = max(16, 2 * 2 ** math.ceil(math.log2(max(rows_per_expert, 1))))
     out = []
     for m, n, k, warps, stages in itertools.product(
-        (16, 32, 64, 128), (32, 64, 128, 256), (64, 128, 256), (4, 8), (2, 3, 4)
+        space["block_m"], space["block_n"], space["block_k"], space["warps"], space["stages"]
     ):
         # gate_up streams one A tile and two weight tiles per stage.
         if m > max_m or stages * (m * k + 2 * k * n) * elem_bytes > SMEM_BYTES:
@@ -78,25 +87,28 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def tune_shape(shape, batch_sizes, dtype, graph: bool) -> dict[int, dict]:
-    experts, top_k, hidden, inter = shape
+def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE) -> dict[int, dict]:
+    experts, top_k, hidden, inter, shared = shape
     g = torch.Generator(device=DEVICE).manual_seed(0)
-    w13 = (torch.randn(experts, 2 * inter, hidden, device=DEVICE, generator=g) / hidden**0.5).to(dtype)
-    w2 = (torch.randn(experts, hidden, inter, device=DEVICE, generator=g) / inter**0.5).to(dtype)
+    stacked = experts + shared
+    w13 = (torch.randn(stacked, 2 * inter, hidden, device=DEVICE, generator=g) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(stacked, hidden, inter, device=DEVICE, generator=g) / inter**0.5).to(dtype)
     results = {}
     for tokens in batch_sizes:
         x = torch.randn(tokens, hidden, device=DEVICE, generator=g).to(dtype)
         logits = torch.randn(tokens, experts, device=DEVICE, generator=g)
         weights, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
-        ref = native_fused_moe(x, w13, w2, weights, ids)
+        ref = native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)
         timings, start = [], time.time()
-        for config in candidates(tokens, top_k, experts, x.element_size()):
+        for config in candidates(tokens, top_k, experts, x.element_size(), shared, space):
             try:
-                err = rel_err(fused_moe(x, w13, w2, weights, ids, config=config), ref)
+                out = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
+                err = rel_err(out, ref)
                 if err >= TOLERANCE[dtype]:
                     print(f"  T={tokens} {config}: rel err {err:.2e}, skipped", flush=True)
                     continue
-                run = functools.partial(fused_moe, x, w13, w2, weights, ids, config=config)
+                run = functools.partial(fused_moe, x, w13, w2, weights, ids, num_shared_experts=shared,
+                                        config=config)
                 ms = time_ms(run, graph)
             except Exception as e:  # out of shared memory / registers at compile time
                 print(f"  T={tokens} {config}: {type(e).__name__}, skipped", flush=True)
@@ -106,9 +118,10 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool) -> dict[int, dict]:
             sys.exit(f"T={tokens}: no config compiled and matched the reference")
         timings.sort(key=lambda t: t[0])
         best_ms, best = timings[0]
-        native_ms = time_ms(functools.partial(native_fused_moe, x, w13, w2, weights, ids), False)
+        native_ms = time_ms(functools.partial(native_fused_moe, x, w13, w2, weights, ids,
+                                              num_shared_experts=shared), False)
         print(
-            f"E={experts} k={top_k} H={hidden} I={inter} T={tokens:5d}: {best_ms * 1e3:8.1f} us "
+            f"E={experts}+{shared} k={top_k} H={hidden} I={inter} T={tokens:5d}: {best_ms * 1e3:8.1f} us "
             f"{best}  ({len(timings)} configs in {time.time() - start:.0f} s; native eager "
             f"{native_ms * 1e3:.1f} us)",
             flush=True,
@@ -116,6 +129,13 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool) -> dict[int, dict]:
         results[tokens] = {"best": best, "best_us": best_ms * 1e3, "native_us": native_ms * 1e3,
                            "all": [{"us": ms * 1e3, **c} for ms, c in timings]}
     return results
+
+
+def parse_shape(spec: str) -> tuple[int, int, int, int, int]:
+    values = [int(v) for v in spec.split(",")]
+    if len(values) not in (4, 5):
+        raise SystemExit(f"--shape {spec!r}: expected E,K,H,I or E,K,H,I,S")
+    return (*values, 0) if len(values) == 4 else tuple(values)  # type: ignore[return-value]
 
 
 def table_entry(hidden: int, inter: int, results: dict[int, dict]) -> str:
@@ -129,23 +149,28 @@ def table_entry(hidden: int, inter: int, results: dict[int, dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="*", default=["qwen3-30b-a3b", "deepseek-v2-lite"])
-    ap.add_argument("--shape", nargs="*", default=[], help="E,K,H,I (experts, top-k, hidden, inter)")
+    ap.add_argument("--shape", nargs="*", default=[],
+                    help="E,K,H,I[,S] (routed experts, top-k, hidden, inter, shared experts)")
     ap.add_argument("--tp", type=int, default=1, help="divides the models' intermediate size")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    for name, values in SPACE.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+", default=list(values),
+                        help=f"candidate values (default: {' '.join(map(str, values))})")
     ap.add_argument("--no-graph", action="store_true", help="time eager launches, not graph replay")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fused_moe_tuning.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_fused_moe.py needs a CUDA/ROCm GPU")
     shapes = [model_shape(m, args.tp) for m in args.models]
-    shapes += [tuple(int(v) for v in s.split(",")) for s in args.shape]
+    shapes += [parse_shape(s) for s in args.shape]
+    space = {name: tuple(getattr(args, name)) for name in SPACE}
     dtype = DTYPES[args.dtype]
     report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "shapes": {}}
     entries = []
     for shape in shapes:
-        results = tune_shape(shape, args.batch_sizes, dtype, graph=not args.no_graph)
-        report["shapes"]["E={},k={},H={},I={}".format(*shape)] = {str(t): r for t, r in results.items()}
+        results = tune_shape(shape, args.batch_sizes, dtype, graph=not args.no_graph, space=space)
+        report["shapes"]["E={},k={},H={},I={},shared={}".format(*shape)] = {str(t): r for t, r in results.items()}
         entries.append(table_entry(shape[2], shape[3], results))
     print("\n# for atom_core/ops/triton/fused_moe_config.py:\n" + "\n".join(entries))
     args.json.parent.mkdir(parents=True, exist_ok=True)

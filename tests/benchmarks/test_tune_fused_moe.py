@@ -1,0 +1,33 @@
+"""bench/tune_fused_moe.py's CPU-side pieces: the shapes it reads from the shipped configs
+(shared experts included) and the candidate tiles it would time."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import tune_fused_moe  # noqa: E402
+
+
+def test_model_shapes_count_shared_experts():
+    assert tune_fused_moe.model_shape("deepseek-v2-lite", 1) == (64, 6, 2048, 1408, 2)
+    assert tune_fused_moe.model_shape("qwen3-30b-a3b", 2) == (128, 8, 2048, 384, 0)
+
+
+def test_shape_flag():
+    assert tune_fused_moe.parse_shape("8,2,256,96") == (8, 2, 256, 96, 0)
+    assert tune_fused_moe.parse_shape("64,6,2048,1408,2") == (64, 6, 2048, 1408, 2)
+    with pytest.raises(SystemExit):
+        tune_fused_moe.parse_shape("8,2,256")
+
+
+def test_shared_experts_allow_taller_tiles():
+    # 128 tokens x 6 of 64 experts is ~12 rows an expert, but each shared expert holds all
+    # 128: tiles up to the space's tallest stay candidates.
+    space = {"block_m": (16, 32, 64), "block_n": (64,), "block_k": (128,), "warps": (4,), "stages": (3,)}
+    routed_only = {c["BLOCK_M"] for c in tune_fused_moe.candidates(128, 6, 64, 2, 0, space)}
+    with_shared = {c["BLOCK_M"] for c in tune_fused_moe.candidates(128, 6, 64, 2, 2, space)}
+    assert routed_only == {16, 32} and with_shared == {16, 32, 64}
