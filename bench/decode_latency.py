@@ -8,6 +8,11 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
         [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
+Every batch's prompts are prefilled in one step (the engine's token budget is raised to
+batch x prompt length where the default 16,384 is smaller), so TPOT is the steady decode
+step: with the prompts in several chunked-prefill steps, the first requests' TPOT would
+also count the later prompts' prefills (DeepSeek-V2-Lite batch 128: 21.7 ms against a
+13.3 ms decode step).
 Roofline = (weight bytes a step reads + mean KV bytes read per step) / device-to-device copy
 bandwidth (read + write bytes per second of a 2 GiB copy, measured first). A MoE step reads
 only the experts its tokens chose: after the timed run, 8 eager decode steps at the same
@@ -30,6 +35,8 @@ import traceback
 from pathlib import Path
 
 import torch
+
+from atom_core.config import SchedulerConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_models import (  # noqa: E402
@@ -90,6 +97,12 @@ def profile_steps(engine, batch: int, prompt_len: int, steps: int, graphs: bool)
             "gpu_kernel_ms_per_step": total / 1e3, "kernels": rows}
 
 
+def token_budget(batch: int, prompt_len: int) -> int:
+    """The engine's max_num_batched_tokens: its default, or room for every prompt of the
+    largest batch in one prefill step (see the module docstring)."""
+    return max(SchedulerConfig().max_num_batched_tokens, batch * prompt_len)
+
+
 def experts_per_layer(touched: dict[str, float], cfg: dict) -> float | None:
     """Mean experts a step reads per MoE layer: the routed ones touched plus the shared."""
     if not touched:
@@ -109,6 +122,7 @@ def bench_atom(name: str, results: dict) -> None:
     engine = LLMEngine(
         str(config_path(name)), load_dummy="empty", dtype="bfloat16", device="cuda",
         enable_log_stats=False, max_model_len=max_len, max_num_seqs=max(sizes),
+        max_num_batched_tokens=token_budget(max(sizes), ARGS.prompt_len),
         cudagraph_capture_sizes=sizes, enforce_eager=ARGS.enforce_eager,
         async_scheduling=ARGS.async_scheduling,
     )

@@ -215,3 +215,10 @@ def test_moe_config_overrides_replace_table_entries(monkeypatch):
     for bad in ("2048,768=16,64,256,4,2", "2048,768,24=16,64,256,4,2", "2048,768,32=16,64,256", "x"):
         with pytest.raises(SystemExit):
             decode_latency.parse_args(["--moe-config", bad])
+
+
+def test_decode_latency_prefills_each_batch_in_one_step():
+    default = decode_latency.SchedulerConfig().max_num_batched_tokens
+    assert decode_latency.token_budget(32, 512) == max(default, 32 * 512)
+    assert decode_latency.token_budget(128, 512) == 128 * 512
+    assert decode_latency.token_budget(1, 512) == default
