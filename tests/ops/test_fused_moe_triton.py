@@ -113,7 +113,8 @@ def test_tuned_table_covers_its_buckets_and_defers_past_them():
 
 @pytest.mark.parametrize(
     "tokens,top_k,experts,block_m",
-    [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1), (64, 8, 128, 64), (100, 5, 160, 32)],
+    [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1), (64, 8, 128, 64), (100, 5, 160, 32),
+     (256, 8, 128, 16)],
 )
 @pytest.mark.parametrize("shared", [0, 2])
 def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, shared):
@@ -131,7 +132,7 @@ def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, share
     small = moe_align._align_small(ids, flat.numel(), top_k + shared, experts, shared, block_m, capacity)
     ref = moe_align._align_torch(flat, experts, block_m, capacity)
     assert torch.equal(small[0], ref[0]) and torch.equal(small[1], ref[1])
-    # The op takes one or the other by size (64 x 8 pairs and 2 shared slots a token: torch).
+    # The op takes one or the other by size (256 x 8 pairs and 2 shared slots a token: torch).
     assert torch.equal(align_by_expert(ids, experts, block_m, shared)[0], ref[0])
 
 
