@@ -113,13 +113,13 @@ def test_deterministic():
     assert torch.equal(fused_moe(*args), fused_moe(*args))
 
 
-@pytest.mark.parametrize("tokens", [1, 32, 128])
+@pytest.mark.parametrize("tokens", [1, 32, 128, 300])
 @pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
 def test_cuda_graph_replay(tokens, shape, shared):
     """Captured once, replayed with other routing: the alignment must not read the device
-    from the host (capture would fail) nor bake the capture-time routing in. 128 tokens
-    (> 512 pairs) take the torch alignment, which for DeepSeek's shared experts also builds
-    their ids inside the graph."""
+    from the host (capture would fail) nor bake the capture-time routing in. 300 tokens
+    (> moe_align.SMALL_PAIRS pairs) take the torch alignment, which for DeepSeek's shared
+    experts also builds their ids inside the graph."""
     from atom_core.ops.native.moe import with_shared_experts
 
     x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
