@@ -9,8 +9,8 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
 Every batch's prompts are prefilled in one step (the engine's token budget is raised to
-batch x prompt length where the default 16,384 is smaller), so TPOT is the steady decode
-step: with the prompts in several chunked-prefill steps, the first requests' TPOT would
+batch x prompt length, up to 131,072, where the default 16,384 is smaller), so TPOT is the
+steady decode step: with the prompts in several chunked-prefill steps, the first requests' TPOT would
 also count the later prompts' prefills (DeepSeek-V2-Lite batch 128: 21.7 ms against a
 13.3 ms decode step).
 Roofline = (weight bytes a step reads + mean KV bytes read per step) / device-to-device copy
@@ -97,10 +97,16 @@ def profile_steps(engine, batch: int, prompt_len: int, steps: int, graphs: bool)
             "gpu_kernel_ms_per_step": total / 1e3, "kernels": rows}
 
 
+# A prefill step's activations grow with its tokens (Qwen3-30B-A3B's fp32 per-pair buffer
+# alone is 64 KiB a token): past this, a batch's prompts take more than one step again.
+MAX_TOKEN_BUDGET = 131072
+
+
 def token_budget(batch: int, prompt_len: int) -> int:
     """The engine's max_num_batched_tokens: its default, or room for every prompt of the
-    largest batch in one prefill step (see the module docstring)."""
-    return max(SchedulerConfig().max_num_batched_tokens, batch * prompt_len)
+    largest batch in one prefill step, up to MAX_TOKEN_BUDGET (see the module docstring)."""
+    default = SchedulerConfig().max_num_batched_tokens
+    return max(default, min(batch * prompt_len, MAX_TOKEN_BUDGET))
 
 
 def experts_per_layer(touched: dict[str, float], cfg: dict) -> float | None:

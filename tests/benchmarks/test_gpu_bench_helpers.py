@@ -222,3 +222,4 @@ def test_decode_latency_prefills_each_batch_in_one_step():
     assert decode_latency.token_budget(32, 512) == max(default, 32 * 512)
     assert decode_latency.token_budget(128, 512) == 128 * 512
     assert decode_latency.token_budget(1, 512) == default
+    assert decode_latency.token_budget(512, 4096) == decode_latency.MAX_TOKEN_BUDGET
