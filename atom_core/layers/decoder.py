@@ -19,17 +19,13 @@ from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinea
 from atom_core.layers.model_api import load_hf_weights
 from atom_core.layers.norm import RMSNorm
 from atom_core.ops import resolve_op
-from atom_core.ops.partial_sums import PartialSums
 
 
 class GatedMLP(nn.Module):
     """down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up fused in one GEMM, and the
     activation fused into the down projection (the ``silu_and_mul_linear`` op, one kernel
     fewer a layer at decode); ``down_proj`` holds the weights and is not called itself.
-    ``input_proj`` / ``forward_projected`` / ``output_proj`` / ``forward_inner``: see
-    ``DecoderLayer``."""
-
-    output_gated = True  # the down projection takes silu_and_mul of forward_inner's result
+    ``input_proj`` / ``forward_projected``: see ``DecoderLayer``."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, hidden_act: str = "silu") -> None:
         super().__init__()
@@ -43,15 +39,8 @@ class GatedMLP(nn.Module):
     def input_proj(self) -> nn.Module:
         return self.gate_up_proj
 
-    @property
-    def output_proj(self) -> RowParallelLinear:
-        return self.down_proj
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_projected(self.gate_up_proj(x))
-
-    def forward_inner(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return gate_up
 
     def forward_projected(self, gate_up: torch.Tensor) -> torch.Tensor:
         down = self.down_proj
@@ -71,15 +60,6 @@ class DecoderLayer(nn.Module):
     and that projection as one op (``RMSNorm.project``: one kernel at decode sizes, and a
     kernel fewer each time). Sublayers without them (MoE blocks, whose normed input goes to
     a router and the experts) get the normed input as before.
-
-    Likewise at the other end: a sublayer whose last step is a row-parallel projection
-    may name it ``output_proj`` (``output_gated``: of ``silu_and_mul`` of its input) and
-    give ``forward_inner`` (the same arguments as ``forward_projected``, or as ``forward``
-    without ``input_proj``), which returns that projection's input. The block then calls
-    the projection's ``forward_unreduced``: where its kernel splits K, the output stays
-    ``PartialSums`` and the next norm adds them up in its own kernel (``RMSNorm.apply``),
-    so the split-K reduce kernel goes. A layer's output, and the next layer's
-    ``hidden_states``, may therefore be ``PartialSums``.
     """
 
     def __init__(self, config: Any, self_attn: nn.Module, mlp: nn.Module) -> None:
@@ -90,25 +70,21 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor | PartialSums, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor | PartialSums, torch.Tensor]:
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden_states, residual = _pre_norm(self.input_layernorm, self.self_attn, hidden_states, residual, positions)
         return _pre_norm(self.post_attention_layernorm, self.mlp, hidden_states, residual)
 
 
 def _pre_norm(
-    norm: RMSNorm, sublayer: nn.Module, x: torch.Tensor | PartialSums, residual: torch.Tensor | None,
-    *args: torch.Tensor,
-) -> tuple[torch.Tensor | PartialSums, torch.Tensor]:
+    norm: RMSNorm, sublayer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, *args: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sublayer(*args, norm(x + residual)), x + residual), residual None meaning 0."""
     proj = getattr(sublayer, "input_proj", None)
-    y, residual = norm.apply(x, residual, proj)
-    out_proj = getattr(sublayer, "output_proj", None)
-    if out_proj is not None:
-        inner = sublayer.forward_inner(*args, y)
-        return out_proj.forward_unreduced(inner, getattr(sublayer, "output_gated", False)), residual
     if proj is not None:
+        y, residual = norm.project(x, residual, proj)
         return sublayer.forward_projected(*args, y), residual
+    y, residual = (norm(x), x) if residual is None else norm(x, residual)
     return sublayer(*args, y), residual
 
 
@@ -127,7 +103,7 @@ class DecoderModel(nn.Module):
             hidden_states, residual = layer(positions, hidden_states, residual)
         if residual is None:  # no layers
             return self.norm(hidden_states)
-        hidden_states, _ = self.norm.apply(hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
 

@@ -15,7 +15,6 @@ from torch import nn
 
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
-from atom_core.ops.partial_sums import PartialSums
 
 
 def tp_rank_and_size() -> tuple[int, int]:
@@ -95,16 +94,10 @@ class RowParallelLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         _, tp_size = tp_rank_and_size()
         super().__init__(_divide(input_size, tp_size), output_size, bias, tp_dim=1)
-        self._linear_unreduced = resolve_op("linear_unreduced", get_build_context().device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
         return self._linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-
-    def forward_unreduced(self, x: torch.Tensor, gated: bool = False) -> torch.Tensor | PartialSums:
-        """``forward(x)`` (of ``silu_and_mul(x)`` where ``gated``), possibly left as
-        ``PartialSums`` for the next norm to add up (``RMSNorm.apply``)."""
-        return self._linear_unreduced(x, self.weight, self.bias if self.tp_rank == 0 else None, gated=gated)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -1,5 +1,4 @@
-"""RMSNorm, calling the registry's rms_norm / fused_add_rms_norm / rms_norm_linear /
-add_rms_norm_partials ops."""
+"""RMSNorm, calling the registry's rms_norm / fused_add_rms_norm / rms_norm_linear ops."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from torch import nn
 
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
-from atom_core.ops.partial_sums import PartialSums
 
 
 class RMSNorm(nn.Module):
@@ -27,7 +25,6 @@ class RMSNorm(nn.Module):
         self._rms_norm = resolve_op("rms_norm", device)
         self._fused_add_rms_norm = resolve_op("fused_add_rms_norm", device)
         self._rms_norm_linear = resolve_op("rms_norm_linear", device)
-        self._add_rms_norm_partials = resolve_op("add_rms_norm_partials", device)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -43,19 +40,6 @@ class RMSNorm(nn.Module):
         where the device's ``rms_norm_linear`` fuses them. ``linear`` is a column-parallel
         or replicated layer: its forward is the ``linear`` op on its own weight and bias."""
         return self._rms_norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias)
-
-    def apply(
-        self, x: torch.Tensor | PartialSums, residual: torch.Tensor | None, linear: nn.Module | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual), residual None meaning 0, then ``linear`` of the
-        norm where one is given (``project``). x may be the previous block's output left as
-        ``PartialSums``: the norm's kernel then adds them up first."""
-        if isinstance(x, PartialSums):
-            normed, summed = self._add_rms_norm_partials(x, residual, self.weight, self.eps)
-            return (normed if linear is None else linear(normed)), summed
-        if linear is not None:
-            return self.project(x, residual, linear)
-        return (self(x), x) if residual is None else self(x, residual)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

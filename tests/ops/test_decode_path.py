@@ -16,10 +16,7 @@ import atom_core.layers.attention.triton_backend as triton_backend  # noqa: E402
 import atom_core.layers.rotary as rotary  # noqa: E402
 import atom_core.ops.triton.plugin as triton_plugin  # noqa: E402
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
-from atom_core.layers.norm import RMSNorm  # noqa: E402
-from atom_core.ops.triton import gemv  # noqa: E402
 from atom_core.ops.triton.decode_attention import PRELOAD_MIN_SPLITS  # noqa: E402
-from atom_core.ops.triton.gemv_config import GemvConfig  # noqa: E402
 from atom_core.plugins import reset_plugins  # noqa: E402
 from atom_core.sampling_params import SamplingParams  # noqa: E402
 from tests.engine_reference import hf_greedy, hf_model
@@ -71,26 +68,3 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkey
     qwen3 = kind == "qwen3"
     assert launches and all(f == (qwen3 and s < PRELOAD_MIN_SPLITS) for f, s in launches)
     assert any(f for f, _ in launches) == qwen3
-
-
-def test_split_k_outputs_reach_the_next_norm_unreduced(triton_everywhere, monkeypatch):
-    # Every GEMV of several rows split along K: each block's o_proj and down projection
-    # come back as PartialSums, the next norm sums them in its own kernel, and the tokens
-    # still equal transformers'.
-    split = GemvConfig(BLOCK_N=16, BLOCK_K=16, SPLIT_K=2, num_warps=4, num_stages=2)
-    real = gemv.get_config
-    monkeypatch.setattr(gemv, "get_config", lambda m, n, k, *a: split if m > 1 else real(m, n, k, *a))
-    path = tiny_model_dir("qwen3")
-    rng = random.Random(2)
-    prompts = [[rng.randrange(256) for _ in range(n)] for n in (7, 30)]
-    engine = LLMEngine(str(path), enable_log_stats=False, device="cpu", block_size=8)
-    summed_splits = []
-    for norm in (m for m in engine.runner.model.modules() if isinstance(m, RMSNorm)):
-        fn = norm._add_rms_norm_partials
-        norm._add_rms_norm_partials = lambda p, *a, _fn=fn: summed_splits.append(p.parts.shape[0]) or _fn(p, *a)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outs = engine.generate(prompts, params)
-    assert [o["token_ids"] for o in outs] == hf_greedy(hf_model(path), prompts, NEW_TOKENS)
-    # Two a layer (after attention, after the MLP) in every step of two rows or more.
-    layers = len(engine.runner.model.model.layers)
-    assert len(summed_splits) >= 2 * layers * NEW_TOKENS and set(summed_splits) == {2}

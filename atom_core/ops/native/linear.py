@@ -5,9 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atom_core.ops.native.activation import silu_and_mul
-from atom_core.ops.partial_sums import PartialSums
-
 
 def promote(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x in fp32 where the weight is fp32 (the MoE router keeps an fp32 weight and takes the
@@ -18,12 +15,3 @@ def promote(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, an fp32 weight promoting x (``promote``)."""
     return F.linear(promote(x, weight), weight, bias)
-
-
-def linear_unreduced(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, gated: bool = False
-) -> torch.Tensor | PartialSums:
-    """A block's output projection, ``linear(x)`` (of ``silu_and_mul(x)`` where ``gated``),
-    which an implementation may leave as ``PartialSums`` for the next norm to add up
-    (``add_rms_norm_partials``). The reference returns the tensor."""
-    return linear(silu_and_mul(x) if gated else x, weight, bias)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atom_core.ops.partial_sums import PartialSums
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
@@ -21,16 +19,6 @@ def fused_add_rms_norm(
     """Returns (rms_norm(x + residual), x + residual)."""
     summed = (x.float() + residual.float()).to(x.dtype)
     return rms_norm(summed, weight, eps), summed
-
-
-def add_rms_norm_partials(
-    x: PartialSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(h), h) for h = x.reduce() + residual, or h = x.reduce() where residual is None."""
-    h = x.reduce()
-    if residual is None:
-        return rms_norm(h, weight, eps), h
-    return fused_add_rms_norm(h, residual, weight, eps)
 
 
 def rms_norm_linear(

@@ -59,7 +59,6 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.native.linear import linear as native_linear
-from atom_core.ops.partial_sums import PartialSums
 from atom_core.ops.triton.activation import silu_and_mul
 from atom_core.ops.triton.gemv_config import (
     H200_SMS,
@@ -272,13 +271,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool,
-    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None, reduce: bool = True,
-) -> tuple[torch.Tensor | PartialSums, torch.Tensor | None] | None:
+    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(the product, the summed residual rows where ``norm`` has a residual) for a
     ``supported`` call, or None where the table says cuBLAS. ``norm``: (residual or None,
-    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded. With
-    ``reduce`` False (and no ``norm``) a split-K product comes back as its ``PartialSums``,
-    without the second kernel."""
+    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded."""
     n, k = weight.shape
     x2 = _rows(x)
     m = x2.shape[0]
@@ -290,10 +287,8 @@ def _launch(
     # Each split covers whole BLOCK_K chunks, so no chunk straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # drops splits that would start past K
-    unreduced = split_k > 1 and not reduce and norm is None
-    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else None
-    # Left unreduced, the product has no tensor of its own (the kernel stores only partials).
-    out = part if unreduced else torch.empty((m, n), dtype=weight.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
+    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
     residual, norm_weight, eps = norm if norm is not None else (None, weight, 0.0)
     res2 = _rows(residual) if residual is not None else x2
@@ -310,16 +305,13 @@ def _launch(
     else:
         block_m = WIDE_ROWS if wide_config(m, n, k, weight.element_size()) is not None else MAX_ROWS
     _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
-        x2, x2.stride(0), weight, bias if has_bias else weight, out, part if part is not None else out, m, n, k,
-        k_per_split,
+        x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         res2, norm_weight, summed if summed is not None else x2, ss, eps,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
-    if unreduced:
-        return PartialSums(part, bias, weight.dtype, torch.Size((*x.shape[:-1], n))), None
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
@@ -335,23 +327,6 @@ def linear(
     """x @ weight.T + bias, an fp32 weight promoting x (the native op's contract);
     ``config`` overrides the table's block sizes (for tuning)."""
     res = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
-    return native_linear(x, weight, bias) if res is None else res[0]
-
-
-def linear_unreduced(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, gated: bool = False,
-    config: GemvConfig | None = None,
-) -> torch.Tensor | PartialSums:
-    """``linear(x, weight, bias)`` (``silu_and_mul_linear`` where ``gated``), left as
-    ``PartialSums`` where the kernel splits K: the next norm then sums the partials
-    (``add_rms_norm_partials``) instead of a reduce kernel of its own."""
-    if gated:
-        res = _launch(x, weight, bias, config, gated=True, reduce=False) if supported(
-            x, weight, bias, gated=True) else None
-        if res is not None:
-            return res[0]
-        x = silu_and_mul(x)
-    res = _launch(x, weight, bias, config, gated=False, reduce=False) if supported(x, weight, bias) else None
     return native_linear(x, weight, bias) if res is None else res[0]
 
 

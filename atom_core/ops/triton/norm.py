@@ -1,5 +1,4 @@
-"""RMSNorm and fused residual-add + RMSNorm, the input a tensor or split-K partial sums
-(``PartialSums``): one pass over each row, fp32 inside."""
+"""RMSNorm and fused residual-add + RMSNorm: one pass over each row, fp32 inside."""
 
 from __future__ import annotations
 
@@ -7,15 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_core.ops.partial_sums import PartialSums
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, x_stride, part_stride, bias_ptr, res_ptr, res_stride, w_ptr, out_ptr, sum_ptr, rows, n, eps,
-    HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, x_stride, res_ptr, res_stride, w_ptr, out_ptr, sum_ptr, rows, n, eps,
+    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     # ROWS rows per program: short rows (Qwen3's per-head q/k norm, head_dim 128) would
@@ -23,26 +21,14 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (row[:, None] < rows) & (cols[None, :] < n)
-    offs = row[:, None] * x_stride + cols[None, :]
-    if PARTS > 0:
-        # x is PartialSums: its split-K partials summed in split order in fp32, the bias
-        # added, rounded to the model dtype - the split-K reduce kernel's sum, bit for bit.
-        # Loads go through L2 (.cg): other SMs wrote the partials.
-        acc = tl.load(x_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        for s in tl.static_range(1, PARTS):
-            acc += tl.load(x_ptr + s * part_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
-        x = acc.to(out_ptr.dtype.element_ty)
-    else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row[:, None] * x_stride + cols[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row[:, None] * res_stride + cols[None, :], mask=mask, other=0.0)
         # Round the sum to the model dtype first, as the native op does, so the residual
         # stream is bit-identical to the one it would carry.
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-    if HAS_RESIDUAL or PARTS > 0:
-        tl.store(sum_ptr + row[:, None] * n + cols[None, :], x, mask=mask)
+        s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + row[:, None] * n + cols[None, :], s, mask=mask)
+        x = s
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / n
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -56,27 +42,20 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch(x: torch.Tensor | PartialSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    if isinstance(x, PartialSums):
-        parts, bias, dtype, shape = x
-        if parts.stride(-1) != 1:
-            parts = parts.contiguous()
-        x2, num_parts, part_stride = parts[0], parts.shape[0], parts.stride(0)
-    else:
-        x2, num_parts, part_stride, bias, dtype, shape = _rows(x), 0, 0, None, x.dtype, x.shape
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    x2 = _rows(x)
     rows, n = x2.shape
-    out = torch.empty((rows, n), dtype=dtype, device=x2.device)
-    summed = torch.empty_like(out) if residual is not None or num_parts else out
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    summed = torch.empty_like(out) if residual is not None else out
     r2 = _rows(residual) if residual is not None else x2
     block = triton.next_power_of_2(n)
     per_row = max(1, min(16, 2048 // block))
     _rms_norm_kernel[(triton.cdiv(rows, per_row),)](
-        x2, x2.stride(0), part_stride, bias if bias is not None else weight, r2, r2.stride(0), weight, out,
-        summed, rows, n, eps,
-        HAS_RESIDUAL=residual is not None, PARTS=num_parts, HAS_BIAS=bias is not None, ROWS=per_row, BLOCK=block,
-        num_warps=8 if block >= 4096 else 4, **pdl_options(x2.device),
+        x2, x2.stride(0), r2, r2.stride(0), weight, out, summed, rows, n, eps,
+        HAS_RESIDUAL=residual is not None, ROWS=per_row, BLOCK=block,
+        num_warps=8 if block >= 4096 else 4, **pdl_options(x.device),
     )
-    return out.view(shape), summed.view(shape)
+    return out.view(x.shape), summed.view(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,12 +66,4 @@ def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (rms_norm(x + residual), x + residual), like the native op."""
-    return _launch(x, residual, weight, eps)
-
-
-def add_rms_norm_partials(
-    x: PartialSums, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(h), h) for h = x.reduce() + residual (x.reduce() where residual is None):
-    the partials' sum, the residual add and the norm in one kernel, bitwise the native op."""
     return _launch(x, residual, weight, eps)

@@ -45,14 +45,9 @@ def triton_ops() -> dict:
     from atom_core.ops.triton.activation import silu_and_mul
     from atom_core.ops.triton.argmax import argmax
     from atom_core.ops.triton.fused_moe import fused_moe
-    from atom_core.ops.triton.gemv import (
-        linear,
-        linear_unreduced,
-        rms_norm_linear,
-        silu_and_mul_linear,
-    )
+    from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear
     from atom_core.ops.triton.moe_topk import select_experts
-    from atom_core.ops.triton.norm import add_rms_norm_partials, fused_add_rms_norm, rms_norm
+    from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
     from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write
     from atom_core.ops.triton.rotary import rotary_embedding
 
@@ -67,8 +62,6 @@ def triton_ops() -> dict:
         "linear": linear,
         "silu_and_mul_linear": silu_and_mul_linear,
         "rms_norm_linear": rms_norm_linear,
-        "linear_unreduced": linear_unreduced,
-        "add_rms_norm_partials": add_rms_norm_partials,
         "argmax": argmax,
     }
 

@@ -80,16 +80,7 @@ class DeepseekV2Attention(nn.Module):
             self.kv_lora_rank, softmax_scale(self.qk_head_dim, rope_scaling),
         )
 
-    @property
-    def output_proj(self) -> RowParallelLinear:
-        """The decoder layer may leave this projection's split-K sum to the next norm."""
-        return self.o_proj
-
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.forward_inner(positions, hidden_states))
-
-    def forward_inner(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Everything before o_proj: the attention output [T, heads * v_head_dim]."""
         num_tokens = hidden_states.shape[0]
         if self.q_lora_rank is not None:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
@@ -102,4 +93,5 @@ class DeepseekV2Attention(nn.Module):
         kv_c = self.kv_a_layernorm(kv_c)
         # q_pe by head ([T, heads, rope], strided): the rotary op reads it in place.
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe)
-        return self.mla_attn(q_nope, q_pe, kv_c, k_pe, self.kv_b_proj.weight)
+        out = self.mla_attn(q_nope, q_pe, kv_c, k_pe, self.kv_b_proj.weight)
+        return self.o_proj(out)

@@ -41,21 +41,13 @@ class LlamaAttention(nn.Module):
         """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
         return self.qkv_proj
 
-    @property
-    def output_proj(self) -> RowParallelLinear:
-        """The decoder layer may leave this projection's split-K sum to the next norm."""
-        return self.o_proj
-
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.forward_projected(positions, self.qkv_proj(hidden_states))
 
     def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.forward_inner(positions, qkv))
-
-    def forward_inner(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        return self.attn(q, k, v)
+        return self.o_proj(self.attn(q, k, v))
 
 
 def llama_layer(config: Any) -> DecoderLayer:

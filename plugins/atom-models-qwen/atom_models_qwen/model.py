@@ -45,25 +45,17 @@ class Qwen3Attention(nn.Module):
         """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
         return self.qkv_proj
 
-    @property
-    def output_proj(self) -> RowParallelLinear:
-        """The decoder layer may leave this projection's split-K sum to the next norm."""
-        return self.o_proj
-
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.forward_projected(positions, self.qkv_proj(hidden_states))
 
     def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(self.forward_inner(positions, qkv))
-
-    def forward_inner(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # The per-head norms, RoPE and the K/V cache write go to the attention backend: its
         # own kernels where it fuses them (Triton decode), else as ops before attention.
         rope = self.rotary_emb
         spec = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
                           rope.cos_sin_cache, rope.is_neox)
-        return self.attn.forward_qk_norm_rope(q, k, v, spec)
+        return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec))
 
 
 def qwen3_mlp(config: Any) -> GatedMLP:
