@@ -15,11 +15,11 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
   [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path. On an H200 (bench/router_gemv.py,
   Qwen3-30B-A3B's 128 x 2048 router) it takes 3.5 / 4.8 / 5.4 us at 8 / 16 / 32 rows,
   where ``tl.dot`` in ieee precision took 7.5 / 7.2 / 7.3 and cuBLAS 10.3 / 10.5 / 10.8.
-- 17..WIDE_ROWS rows of a 16-bit W: one 32-row ``tl.dot`` tile, only for the shapes whose
-  table has a 32-row entry (``gemv_config.WIDE_ROWS``: BLOCK_N 128, split along K), else
-  ``F.linear``. A first 32-row tile with BLOCK_N <= 64 for every shape slowed batch-32
-  decode on the H200 (Qwen3-8B 5.790 -> 5.900 ms a step, Qwen3-30B-A3B 15.24 -> 16.61):
-  each program reads all 32 rows of x, which at BLOCK_N 64 is half W's traffic again.
+- 17..WIDE_ROWS rows of a 16-bit W: one 32-row ``tl.dot`` tile with the operands swapped
+  (W x^T: W's tile is the product's M side), only for the shapes whose table has a 32-row
+  entry (``gemv_config.WIDE_ROWS``, split along K), else ``F.linear``. A first 32-row tile
+  (x W^T) for every shape slowed batch-32 decode on the H200 (Qwen3-8B 5.790 -> 5.900 ms a
+  step, Qwen3-30B-A3B 15.24 -> 16.61); cuBLAS keeps the shapes where it is faster.
 - Larger M falls back to ``F.linear``, except for a small W (``ROW_BLOCKS_MAX_WEIGHT_BYTES``:
   the MoE routers), whose rows go in blocks of up to 16 on a third grid axis, each block
   reading W again from L2.
@@ -111,7 +111,7 @@ def _gemv_kernel(
     res_ptr, nw_ptr, sum_ptr, ss_ptr, eps,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr,
+    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr, SWAP: tl.constexpr,
 ):
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -172,6 +172,24 @@ def _gemv_kernel(
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
             acc3 += a[:, None, :] * w[None, :, :]
         acc = tl.sum(acc3, axis=2)
+    elif SWAP:
+        # The 32-row tile (SWAP), operands swapped: W's [BLOCK_N, BLOCK_K] tile is the product's
+        # M side and x's rows its N side (W x^T, transposed at the end), the way small-M
+        # GEMMs are usually laid out for tensor cores. Alone on an H200 in CUDA graphs this
+        # ran Qwen3-8B's o_proj 12.24 -> 11.53 us, its down 28.60 -> 27.64 and Qwen3-30B-A3B's
+        # o_proj 9.11 -> 7.38 at 32 rows, against x W^T on the same path with its best tiles.
+        tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
+        w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+        pdl_wait(PDL)
+        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        acc_t = tl.dot(w, tl.trans(a))
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            kk = k0 + ks
+            k_ok = kk < K
+            a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
+            acc_t = tl.dot(w, tl.trans(a), acc_t)
+        acc = tl.trans(acc_t)
     else:
         # 16-bit weights only (fp32 ones take the FMA path). The fused forms serve one row
         # (module docstring): no x transform on this path.
@@ -309,7 +327,7 @@ def _launch(
         res2, norm_weight, summed if summed is not None else x2, ss, eps,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
-        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma,
+        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma, SWAP=block_m == WIDE_ROWS,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:

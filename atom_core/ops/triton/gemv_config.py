@@ -25,13 +25,13 @@ ROW_BLOCKS_MAX_WEIGHT_BYTES = 2 << 20
 # thousands of rows go to cuBLAS.
 ROW_BLOCKS_MAX_ROWS = 128
 # 17..WIDE_ROWS rows run as one 32-row tile where the table has a WIDE_ROWS entry for the
-# shape (a 16-bit W), else cuBLAS. The entries are wide (BLOCK_N 128) and split along K:
-# every program multiplies its W tile by all 32 rows of x, so x's share of the traffic is
-# 32 / BLOCK_N of W's, and the narrower tiles of a first try (BLOCK_N <= 64) slowed the
-# model (gemv.py's docstring). Chosen in the model (IN_MODEL) on an H200: Qwen3-8B batch 32
+# shape (a 16-bit W), else cuBLAS. That tile swaps the product's operands (W x^T: gemv.py),
+# and its entries are the best of a sweep of that form alone on an H200 (BLOCK_N 32-128,
+# BLOCK_K 64/128, 2-16 splits, 2-8 warps, 3-6 stages): BLOCK_N 64, 5 stages. The first
+# 32-row entries (x W^T, BLOCK_N 128) were chosen in the model (IN_MODEL): Qwen3-8B batch 32
 # 5.626 / 5.645 -> 5.596 / 5.590 ms a step and Qwen3-30B-A3B 14.745 / 14.750 -> 14.681 /
-# 14.676 (two interleaved pairs, one device call); cuBLAS keeps the shapes where it was
-# faster alone (Qwen3-8B's qkv and gate_up, Qwen3-30B-A3B's qkv).
+# 14.676 against cuBLAS (two interleaved pairs, one device call); cuBLAS keeps the shapes
+# where it was faster alone (Qwen3-8B's qkv and gate_up, Qwen3-30B-A3B's qkv).
 WIDE_ROWS = 32
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 
@@ -83,7 +83,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4),
         16: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=4),
-        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=4),
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=5),
     },
     (2048, 10944): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=2),
@@ -104,13 +104,13 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
         16: GemvConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=4),
-        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=5),
     },
     (4096, 12288): {
         1: GemvConfig(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
         16: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=4),
-        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=5),
     },
     (5120, 2048): {
         1: None,
