@@ -30,8 +30,11 @@ ROW_BLOCKS_MAX_ROWS = 128
 # BLOCK_K 64/128, 2-16 splits, 2-8 warps, 3-6 stages): BLOCK_N 64, 5 stages. The first
 # 32-row entries (x W^T, BLOCK_N 128) were chosen in the model (IN_MODEL): Qwen3-8B batch 32
 # 5.626 / 5.645 -> 5.596 / 5.590 ms a step and Qwen3-30B-A3B 14.745 / 14.750 -> 14.681 /
-# 14.676 against cuBLAS (two interleaved pairs, one device call); cuBLAS keeps the shapes
-# where it was faster alone (Qwen3-8B's qkv and gate_up, Qwen3-30B-A3B's qkv).
+# 14.676 against cuBLAS (two interleaved pairs, one device call). The swapped tile ties
+# cuBLAS alone on Qwen3-8B's qkv and gate_up and Qwen3-30B-A3B's qkv, and is faster in the
+# model, where it loads its first W tile before its PDL wait: Qwen3-8B batch 32 5.318 /
+# 5.323 -> 5.246 / 5.257 ms, Qwen3-30B-A3B 14.222 / 14.210 -> 14.158 / 14.169. cuBLAS keeps
+# DeepSeek-V2-Lite's q_proj (faster alone).
 WIDE_ROWS = 32
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 
@@ -58,6 +61,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),
         16: GemvConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=3),
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     },
     (1024, 2048): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, num_warps=4, num_stages=2),  # whole K
@@ -73,6 +77,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
         4: None,
         16: None,
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     },
     (2048, 2816): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -116,6 +121,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: None,
         4: None,
         16: None,
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=5),
     },
     (5632, 2048): {
         1: None,
@@ -131,6 +137,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: None,
         4: GemvConfig(BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=4),
         16: None,
+        32: GemvConfig(BLOCK_N=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
     },
     (21888, 2048): {
         1: None,
@@ -141,6 +148,7 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: None,
         4: None,
         16: None,
+        32: GemvConfig(BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=4),
     },
     (102400, 2048): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -170,6 +178,8 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
 IN_MODEL: frozenset[tuple[int, int, int]] = frozenset({
     (1024, 2048, 1), (6144, 1024, 1), (1024, 3072, 1),
     (2048, 4096, WIDE_ROWS), (4096, 4096, WIDE_ROWS), (4096, 12288, WIDE_ROWS),
+    (6144, 4096, WIDE_ROWS), (24576, 4096, WIDE_ROWS), (5120, 2048, WIDE_ROWS),
+    (2048, 2048, WIDE_ROWS), (576, 2048, WIDE_ROWS),
 })
 
 
