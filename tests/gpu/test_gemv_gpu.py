@@ -42,13 +42,12 @@ SHAPES = {
     "qwen3-30b-a3b.qkv": (5120, 2048),
     "qwen3-30b-a3b.o": (2048, 4096),
     "deepseek-v2-lite.kv_a": (576, 2048),
-    "deepseek-v2-lite.o": (2048, 2048),
     "deepseek-v2-lite.mlp.down": (2048, 10944),
 }
 DOWN_SHAPES = ["qwen3-0.6b.down", "qwen3-8b.down", "deepseek-v2-lite.mlp.down"]
 # The shapes with a 32-row tile in the table (gemv_config.WIDE_ROWS).
 WIDE_SHAPES = ["qwen3-8b.qkv", "qwen3-8b.o", "qwen3-8b.gate_up", "qwen3-8b.down", "qwen3-30b-a3b.qkv",
-               "qwen3-30b-a3b.o", "deepseek-v2-lite.kv_a", "deepseek-v2-lite.o"]
+               "qwen3-30b-a3b.o"]
 _weights: dict = {}
 
 

@@ -34,7 +34,8 @@ ROW_BLOCKS_MAX_ROWS = 128
 # cuBLAS alone on Qwen3-8B's qkv and gate_up and Qwen3-30B-A3B's qkv, and is faster in the
 # model, where it loads its first W tile before its PDL wait: Qwen3-8B batch 32 5.318 /
 # 5.323 -> 5.246 / 5.257 ms, Qwen3-30B-A3B 14.222 / 14.210 -> 14.158 / 14.169. cuBLAS keeps
-# DeepSeek-V2-Lite's q_proj (faster alone).
+# DeepSeek-V2-Lite's projections: its q_proj was faster alone, and with its o_proj and kv_a
+# on the tile (faster alone) batch 32 went 8.815 / 8.813 -> 8.835 / 8.835 ms.
 WIDE_ROWS = 32
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 
@@ -61,7 +62,6 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
         4: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, num_warps=4, num_stages=3),
         16: GemvConfig(BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, num_warps=4, num_stages=3),
-        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     },
     (1024, 2048): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, num_warps=4, num_stages=2),  # whole K
@@ -77,7 +77,6 @@ TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
         4: None,
         16: None,
-        32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
     },
     (2048, 2816): {
         1: GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2),
@@ -179,7 +178,6 @@ IN_MODEL: frozenset[tuple[int, int, int]] = frozenset({
     (1024, 2048, 1), (6144, 1024, 1), (1024, 3072, 1),
     (2048, 4096, WIDE_ROWS), (4096, 4096, WIDE_ROWS), (4096, 12288, WIDE_ROWS),
     (6144, 4096, WIDE_ROWS), (24576, 4096, WIDE_ROWS), (5120, 2048, WIDE_ROWS),
-    (2048, 2048, WIDE_ROWS), (576, 2048, WIDE_ROWS),
 })
 
 
