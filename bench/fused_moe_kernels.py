@@ -42,7 +42,7 @@ SMEM_BYTES = 220 * 1024  # H100/H200 allow 227 KiB per block; keep a little slac
 def kernels(shape: tuple[int, int, int, int], tokens: int, block_m: int) -> tuple[dict, int]:
     """name -> (launch(BLOCK_N, BLOCK_K, warps, stages), bytes of the touched experts,
     weight tiles per stage); and the number of experts touched."""
-    experts, top_k, hidden, inter = shape
+    experts, top_k, hidden, inter = shape[:4]
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = (torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g) / hidden**0.5).to(torch.bfloat16)
     w2 = (torch.randn(experts, hidden, inter, device="cuda", generator=g) / inter**0.5).to(torch.bfloat16)
@@ -92,7 +92,7 @@ def main() -> None:
     report: dict = {"machine": machine(), "tokens": args.tokens, "models": {}}
     for name in args.models:
         shape = model_shape(name, 1)
-        experts, top_k, hidden, inter = shape
+        experts, top_k, hidden, inter = shape[:4]
         table = get_config(args.tokens, top_k, experts, hidden, inter)
         launches, touched = kernels(shape, args.tokens, table["BLOCK_M"])
         print(f"== {name}: E {experts} k {top_k} H {hidden} I {inter}, T {args.tokens}, {touched} experts "
