@@ -177,7 +177,7 @@ def _gemv_kernel(
         # M side and x's rows its N side (W x^T, transposed at the end), the way small-M
         # GEMMs are usually laid out for tensor cores. Alone on an H200 in CUDA graphs this
         # ran Qwen3-8B's o_proj 12.24 -> 11.53 us, its down 28.60 -> 27.64 and Qwen3-30B-A3B's
-        # o_proj 9.11 -> 7.38 at 32 rows, against x W^T on the same path with its best tiles.
+        # o_proj 9.11 -> 7.38 at 32 rows, against x W^T with the tiles its own sweep had picked.
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
