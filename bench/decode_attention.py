@@ -13,7 +13,6 @@ over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_timing import run_shapes, sweep  # noqa: E402
+from gpu_timing import run_shapes, shape_args, sweep  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -66,11 +65,7 @@ def calls(inputs, splits: int, tile) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default="bench/results/decode_attention.json")
-    p.add_argument("--default-only", action="store_true", help="time only today's split count and tile")
-    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    args = p.parse_args()
+    args = shape_args(__doc__, "bench/results/decode_attention.json", list(SHAPES), "tile")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def measure(name: str) -> dict:

@@ -1,7 +1,7 @@
 """Decode-sized linear layers: F.linear (cuBLAS) vs the Triton skinny GEMM (``linear`` op).
 
     python bench/gemv.py [--models qwen3-0.6b qwen3-8b qwen3-30b-a3b deepseek-v2-lite]
-        [--rows 1 2 4 8 16] [--dtype bf16] [--calls 20] [--no-sweep]
+        [--rows 1 2 4 8 16 32] [--dtype bf16] [--calls 20] [--no-sweep]
         [--json bench/results/gemv.json]
     python bench/gemv.py --table-from bench/results/gemv.json [more.json ...]
 
@@ -19,17 +19,21 @@ pre-norm's ``rms_norm_linear``, the gated MLP's ``silu_and_mul_linear``) also ti
 against its two ops ("fused us", "2 ops us"), as the model calls them. Prints ``TUNED``
 entries for ``atom_core/ops/triton/gemv_config.py`` and writes every timing to ``--json``;
 ``--table-from`` prints the entries of stored runs merged (later files win), no GPU needed.
+``--rows 32`` sweeps the 32-row tile (``gemv_config.WIDE_ROWS``) on every projection, each
+candidate put in the table while it is timed (the op serves 32 rows only where the table has
+an entry); its picks print as comments, to be checked in the model before they go in.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,14 @@ from gpu_timing import graph_us  # noqa: E402
 
 from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
 from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
-from atom_core.ops.triton.gemv_config import IN_MODEL, MAX_ROWS, TUNED, GemvConfig, get_config  # noqa: E402
+from atom_core.ops.triton.gemv_config import (  # noqa: E402
+    IN_MODEL,
+    MAX_ROWS,
+    TUNED,
+    WIDE_ROWS,
+    GemvConfig,
+    get_config,
+)
 from atom_core.ops.triton.norm import fused_add_rms_norm  # noqa: E402
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
@@ -96,15 +107,17 @@ def candidates(m: int, n: int, k: int, elem_size: int) -> list[GemvConfig]:
     """The sweep: small, so that compiling it all fits the run in minutes."""
     if m == 1:
         grid = itertools.product((4, 8, 16, 32), (256, 512, 1024), (1, 2, 4), (4, 8), (2,))
-    else:
+    elif m <= MAX_ROWS:
         grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4, 8), (4,), (3, 4))
+    else:  # the 32-row tile (W x^T), where BLOCK_N 64 and 5 stages won on the H200
+        grid = itertools.product((32, 64, 128), (64, 128), (1, 2, 4, 8), (4,), (3, 4, 5))
     out = []
     for bn, bk, split, warps, stages in grid:
         if bk > max(128, 1 << math.ceil(math.log2(k))):
             continue  # a tile wider than K
         if split > 1 and math.ceil(k / bk) < 2 * split:
             continue  # splits of under two chunks: not worth the reduce kernel
-        if m > 1 and stages * (bn + MAX_ROWS) * bk * elem_size > SMEM_BYTES:
+        if m > 1 and stages * (bn + (MAX_ROWS if m <= MAX_ROWS else WIDE_ROWS)) * bk * elem_size > SMEM_BYTES:
             continue
         # The 1-row path keeps an fp32 [BLOCK_N, BLOCK_K] tile in registers: 8192 is 64 per
         # thread at 4 warps; 8 warps only pays for the largest tiles.
@@ -169,14 +182,16 @@ def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[s
     """``TUNED[(N, K)] = {M: ...}`` lines for every point measured: the best swept config
     where it beat cuBLAS by > margin, else None (the op then calls cuBLAS). Entries chosen in
     the model (``gemv_config.IN_MODEL``) are printed as the table has them: back-to-back
-    calls of one projection cannot see what decided them, and the sweep does not reach 32 rows."""
+    calls of one projection cannot see what decided them. A 32-row point is a candidate only
+    (a comment line): the tile ran faster alone on projections where it slowed the model
+    (DeepSeek-V2-Lite's o_proj and kv_a), so its entries are added after a check in the
+    model (``decode_latency.py --gemv-config N,K,32=...``) and listed in IN_MODEL."""
     by_shape: dict[tuple[int, int], dict[int, GemvConfig | None]] = {}
     for r in results:
         if r.get("best_us") is None:
             continue
         wins = r["best_us"] < r["cublas_us"] * (1 - margin)
         by_shape.setdefault((r["N"], r["K"]), {})[r["M"]] = r["best_config"] if wins else None
-    # The 32-row tiles (gemv_config.WIDE_ROWS) are past what the sweep measures: kept as is.
     for n, k, m in IN_MODEL:
         if (n, k) in by_shape:
             by_shape[(n, k)].setdefault(m, TUNED[(n, k)][m])
@@ -188,6 +203,10 @@ def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[s
             if pinned:
                 c = TUNED[(n, k)][m]
             args = "None" if c is None else "GemvConfig(" + ", ".join(f"{key}={v}" for key, v in c.items()) + ")"
+            if m == WIDE_ROWS and not pinned:
+                if c is not None:
+                    lines.append(f"        # {m}: {args},  # swept alone: check in the model first")
+                continue
             lines.append(f"        {m}: {args},{'  # chosen in the model (IN_MODEL)' if pinned else ''}")
         lines.append("    },")
     return lines
@@ -201,6 +220,28 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not torch.isfinite(out).all():
         return math.inf
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+@contextlib.contextmanager
+def table_entry(n: int, k: int, m: int, config: GemvConfig) -> Iterator[None]:
+    """``config`` in ``TUNED`` for the 32-row bucket while the block runs: the op serves 17-32
+    rows only for shapes whose table has that entry, so a candidate is timed as the model
+    would run it. Other buckets take the config directly and need nothing."""
+    if m <= MAX_ROWS:
+        yield
+        return
+    per_m = TUNED.setdefault((n, k), {})
+    had, old = WIDE_ROWS in per_m, per_m.get(WIDE_ROWS)
+    per_m[WIDE_ROWS] = config
+    try:
+        yield
+    finally:
+        if had:
+            per_m[WIDE_ROWS] = old
+        else:
+            del per_m[WIDE_ROWS]
+            if not per_m:
+                del TUNED[(n, k)]
 
 
 def bench_shape(
@@ -229,18 +270,22 @@ def bench_shape(
             r["fused_us"], r["two_ops_us"] = time_fused(FUSED[proj], x, calls_of)
         if sweep:
             swept = []
+            def timed(c: GemvConfig, x: torch.Tensor = x, m: int = m) -> float:
+                with table_entry(n, k, m, c):
+                    return graph_us(calls_of(linear, x, config=c))
+
             for c in candidates(m, n, k, elem):
                 try:
-                    if rel_err(linear(x, weights[0], config=c), ref) >= TOLERANCE[dtype]:
-                        print(f"  {proj} M={m} {config_str(c)}: off the reference, skipped", flush=True)
-                        continue
-                    swept.append((graph_us(calls_of(linear, x, config=c)), c))
+                    with table_entry(n, k, m, c):
+                        if rel_err(linear(x, weights[0], config=c), ref) >= TOLERANCE[dtype]:
+                            print(f"  {proj} M={m} {config_str(c)}: off the reference, skipped", flush=True)
+                            continue
+                    swept.append((timed(c), c))
                 except Exception as e:  # out of shared memory / registers at compile time
                     print(f"  {proj} M={m} {config_str(c)}: {type(e).__name__}, skipped", flush=True)
             swept.sort(key=lambda t: t[0])
             if swept:
-                r["best_us"], r["best_config"] = retime_leaders(
-                    swept, lambda c, x=x: graph_us(calls_of(linear, x, config=c)))
+                r["best_us"], r["best_config"] = retime_leaders(swept, timed)
                 # cuBLAS timed again beside the leaders: the table compares the two.
                 r["cublas_first_us"], r["cublas_us"] = r["cublas_us"], graph_us(calls_of(F.linear, x))
             r["swept"] = [{"us": us, **c} for us, c in swept]
@@ -285,7 +330,8 @@ def load_config(model: str) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16], help=f"M values (<= {MAX_ROWS})")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16],
+                    help=f"M values (<= {MAX_ROWS}, or {WIDE_ROWS}: the 32-row tile)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per CUDA graph")
     ap.add_argument("--no-sweep", action="store_true", help="time only cuBLAS and the default")
@@ -293,8 +339,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
                     help="print the TUNED entries of stored runs (later files win per point) and exit")
     args = ap.parse_args(argv)
-    if any(not 1 <= m <= MAX_ROWS for m in args.rows):
-        ap.error(f"--rows must be within 1..{MAX_ROWS} (larger M falls back to F.linear)")
+    if any(not (1 <= m <= MAX_ROWS or m == WIDE_ROWS) for m in args.rows):
+        ap.error(f"--rows must be within 1..{MAX_ROWS}, or {WIDE_ROWS} (other M fall back to F.linear)")
     return args
 
 

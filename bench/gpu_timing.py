@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from typing import Any
@@ -60,3 +61,13 @@ def run_shapes(names: list[str], measure: Callable[[str], dict], json_path: str)
         torch.cuda.empty_cache()
     with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
+
+
+def shape_args(doc: str, json_path: str, shapes: list[str], choice: str) -> argparse.Namespace:
+    """The kernel benches' command line: --json (default ``json_path``), --default-only (time
+    only the op's own split count and ``choice``), --shapes (of ``shapes``, all by default)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--json", default=json_path)
+    p.add_argument("--default-only", action="store_true", help=f"time only today's split count and {choice}")
+    p.add_argument("--shapes", nargs="+", choices=shapes, default=shapes)
+    return p.parse_args()

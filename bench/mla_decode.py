@@ -12,7 +12,6 @@ read over 4.27 TB/s. Marks what ``mla_num_splits`` and the default config pick t
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from dataclasses import asdict
@@ -23,7 +22,7 @@ import torch
 from atom_core.ops.triton.mla_decode import MLADecodeConfig, mla_decode_attention, mla_num_splits
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_timing import run_shapes, sweep  # noqa: E402
+from gpu_timing import run_shapes, shape_args, sweep  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -62,11 +61,7 @@ def calls(inputs, splits: int, config: MLADecodeConfig | None) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", default="bench/results/mla_decode.json")
-    p.add_argument("--default-only", action="store_true", help="time only today's split count and config")
-    p.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    args = p.parse_args()
+    args = shape_args(__doc__, "bench/results/mla_decode.json", list(SHAPES), "config")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     default_config = MLADecodeConfig.for_dtype(torch.bfloat16)
 

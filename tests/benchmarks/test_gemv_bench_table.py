@@ -94,3 +94,43 @@ def test_router_bench_shapes_and_sweep():
     # The sweep holds what the FMA path's rule picks for the 30B router.
     picked = {(c["BLOCK_N"], c["BLOCK_K"], c["SPLIT_K"]) for c in router_gemv.sweep_configs(32)}
     assert (4, 256, 4) in picked and (4, 256, 1) in picked
+
+
+def test_the_32_row_sweep_holds_the_shipped_tiles_within_shared_memory():
+    grid = gemv.candidates(32, 4096, 4096, 2)
+    for n, k in [(4096, 4096), (4096, 12288), (2048, 4096), (6144, 4096), (24576, 4096)]:
+        assert gemv.TUNED[(n, k)][32] in gemv.candidates(32, n, k, 2), (n, k)
+    assert all(c["num_stages"] * (c["BLOCK_N"] + 32) * c["BLOCK_K"] * 2 <= gemv.SMEM_BYTES for c in grid)
+    assert gemv.parse_args(["--rows", "1", "16", "32"]).rows == [1, 16, 32]
+    with pytest.raises(SystemExit):
+        gemv.parse_args(["--rows", "24"])
+
+
+def test_a_32_row_pick_is_a_comment_until_checked_in_the_model():
+    lines = gemv.tuned_entries([point(2048, 2048, 32, 10.0, 5.0, CFG2), point(2048, 2048, 16, 10.0, 5.0, CFG2),
+                                point(4096, 4096, 32, 10.0, 5.0, CFG2)])
+    text = "\n".join(lines)
+    assert "        # 32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),  # swept" in text
+    assert "        16: GemvConfig(BLOCK_N=64" in text
+    kept = gemv.TUNED[(4096, 4096)][32]  # in IN_MODEL: the table's, not the sweep's
+    assert "        32: GemvConfig(BLOCK_N=" + str(kept["BLOCK_N"]) in text and kept != CFG2
+
+
+def test_a_candidate_sits_in_the_table_only_while_it_is_timed():
+    import torch
+
+    from atom_core.ops.triton import gemv as gemv_op
+
+    x, w = torch.randn(32, 2048), torch.randn(2048, 2048, dtype=torch.bfloat16)
+    x = x.to(torch.bfloat16)
+    before = {shape: dict(per_m) for shape, per_m in gemv.TUNED.items()}
+    assert not gemv_op.supported(x, w, None)  # no 32-row entry for this shape: cuBLAS
+    with gemv.table_entry(2048, 2048, 32, CFG2):
+        assert gemv.TUNED[(2048, 2048)][32] == CFG2 and gemv_op.supported(x, w, None)
+    with gemv.table_entry(4096, 4096, 32, CFG2):  # an existing entry comes back after
+        assert gemv.TUNED[(4096, 4096)][32] == CFG2
+    with gemv.table_entry(5, 7, 32, CFG2):  # a shape the table lacks leaves no trace
+        assert (5, 7) in gemv.TUNED
+    with gemv.table_entry(2048, 2048, 16, CFG2):  # other buckets take the config directly
+        pass
+    assert {shape: dict(per_m) for shape, per_m in gemv.TUNED.items()} == before

@@ -27,7 +27,8 @@ ROW_BLOCKS_MAX_ROWS = 128
 # 17..WIDE_ROWS rows run as one 32-row tile where the table has a WIDE_ROWS entry for the
 # shape (a 16-bit W), else cuBLAS. That tile swaps the product's operands (W x^T: gemv.py);
 # each entry is the best of a sweep of that form alone on an H200 (BLOCK_N 32-128, BLOCK_K
-# 64-256, 1-16 splits, 2-8 warps, 3-6 stages; bench/results/session12). The first
+# 64-256, 1-16 splits, 2-8 warps, 3-6 stages; bench/results/session12; ``bench/gemv.py
+# --rows 32`` sweeps the same tile), checked in the model. The first
 # 32-row entries (x W^T, BLOCK_N 128) were chosen in the model (IN_MODEL): Qwen3-8B batch 32
 # 5.626 / 5.645 -> 5.596 / 5.590 ms a step and Qwen3-30B-A3B 14.745 / 14.750 -> 14.681 /
 # 14.676 against cuBLAS (two interleaved pairs, one device call). The swapped tile ties
