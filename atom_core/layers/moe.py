@@ -29,11 +29,11 @@ from atom_core.ops import resolve_op
 
 
 class TopKRouter(nn.Module):
-    """The gate: fp32 logits ``x @ weight.T``, then the ``moe_select_experts`` op (see
-    ``atom_core.ops.native.moe.select_experts``). The weight stays fp32 whatever the
+    """The gate, the ``moe_route`` op: fp32 logits ``x @ weight.T``, then the experts'
+    choice (see ``atom_core.ops.native.moe.route``). The weight stays fp32 whatever the
     model's dtype (DeepSeek's reference keeps its gate in fp32): it is tiny, and a bf16
-    gate would flip near-tied expert choices. The ``linear`` op promotes x to fp32 as it
-    loads it (at decode one GEMV instead of a cast and a cuBLAS GEMV)."""
+    gate would flip near-tied expert choices. x is promoted to fp32 as it is loaded (at
+    decode one GEMV instead of a cast and a cuBLAS GEMV)."""
 
     def __init__(
         self,
@@ -67,13 +67,11 @@ class TopKRouter(nn.Module):
             )
         else:
             self.register_parameter("e_score_correction_bias", None)
-        self._linear = resolve_op("linear", get_build_context().device)
-        self._select = resolve_op("moe_select_experts", get_build_context().device)
+        self._route = resolve_op("moe_route", get_build_context().device)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self._linear(x, self.weight)
-        return self._select(
-            logits, self.top_k, self.scoring_func, self.renormalize, self.num_expert_group,
+        return self._route(
+            x, self.weight, self.top_k, self.scoring_func, self.renormalize, self.num_expert_group,
             self.topk_group, self.e_score_correction_bias, self.routed_scaling_factor,
         )
 

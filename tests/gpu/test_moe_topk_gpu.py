@@ -1,5 +1,5 @@
-"""The Triton moe_select_experts against the native select_experts on the GPU: the real
-routers' shapes from one token to a prefill's worth, and CUDA-graph capture and replay."""
+"""The Triton router (``moe_route``) against the native one on the GPU: the real routers'
+shapes from one token to a prefill's worth, and CUDA-graph capture and replay."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
 from atom_core.ops.native.moe import select_experts as native_select  # noqa: E402
-from atom_core.ops.triton.moe_topk import select_experts  # noqa: E402
+from atom_core.ops.triton.moe_topk import route, select_experts  # noqa: E402
 
 # name -> (experts, top_k, scoring, renormalize, groups, topk_group, bias, scaling)
 ROUTERS = {
@@ -49,7 +49,20 @@ def check(weights, ids, logits, args):
 
 
 def test_registered_for_cuda():
-    assert resolve_op("moe_select_experts", "cuda") is select_experts
+    assert resolve_op("moe_route", "cuda") is route
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 32, 128, 512])
+@pytest.mark.parametrize("router", ["qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_route_matches_native(router, tokens):
+    """The gate's GEMV (split along K at decode sizes, its partials summed in the top-k
+    kernel; cuBLAS past 128 rows) and the choice, against F.linear and select_experts."""
+    experts, hidden = ROUTERS[router][0], 2048  # both models' hidden size
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(experts, hidden, device="cuda", generator=g) / hidden**0.5
+    args = router_inputs(router, tokens)[1]
+    check(*route(x, w, *args), torch.nn.functional.linear(x.float(), w), args)
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 3, 4, 7, 64, 256, 1000, 4096])

@@ -1,5 +1,5 @@
-"""The Triton moe_select_experts vs the native select_experts, on CPU through
-TRITON_INTERPRET=1. Skipped where triton is not installed.
+"""The Triton router (``moe_route``: the gate's GEMV, then one top-k kernel) vs the native
+one, on CPU through TRITON_INTERPRET=1. Skipped where triton is not installed.
 
 Random normal logits have no ties, so both pick the same experts; the kernel lists them
 best first and torch.topk(sorted=False) in its own order, so rows are compared sorted by id.
@@ -13,8 +13,10 @@ import torch
 pytest.importorskip("triton")
 
 from atom_core.ops import resolve_op  # noqa: E402
+from atom_core.ops.native.moe import route as native_route  # noqa: E402
 from atom_core.ops.native.moe import select_experts as native_select  # noqa: E402
-from atom_core.ops.triton.moe_topk import select_experts  # noqa: E402
+from atom_core.ops.triton.gemv import linear, linear_partials  # noqa: E402
+from atom_core.ops.triton.moe_topk import route, select_experts  # noqa: E402
 from atom_core.ops.triton.plugin import triton_ops  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,8 +48,36 @@ def bias(experts, seed=1):
 
 
 def test_registered():
-    assert triton_ops()["moe_select_experts"] is select_experts
-    assert resolve_op("moe_select_experts", "cpu") is native_select
+    assert triton_ops()["moe_route"] is route
+    assert resolve_op("moe_route", "cpu") is native_route
+
+
+def test_partial_logits_are_summed_in_order():
+    # [S, T, E] partial sums: the kernel adds them as the split-K reduce would, so the
+    # result is select_experts of their in-order sum, bit for bit.
+    parts = torch.stack([logits(5, 64, seed=s) for s in range(3)])
+    summed = parts[0] + parts[1] + parts[2]
+    for args in ((6, "softmax", True), (6, "sigmoid", False, 8, 3, bias(64), 2.5)):
+        weights, ids = select_experts(parts, *args)
+        ref_weights, ref_ids = select_experts(summed, *args)
+        assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_weights)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 33])
+def test_route_matches_native(tokens):
+    # Qwen3-30B-A3B's router on a narrow hidden size: an fp32 gate, bf16 hidden states,
+    # the GEMV split along K (its partials summed by the top-k kernel) at every size here.
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, 1024, generator=g).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn(128, 1024, generator=g) / 32).to(DEVICE)
+    parts = linear_partials(x, w)
+    assert parts.shape[0] > 1 and torch.equal(sum(parts), linear(x, w))  # in order, from 0
+    weights, ids = route(x, w, 8, "softmax", True)
+    ref_weights, ref_ids = native_route(x, w, 8, "softmax", True)
+    weights, ids = by_id(weights, ids)
+    ref_weights, ref_ids = by_id(ref_weights, ref_ids)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("renormalize", [False, True])

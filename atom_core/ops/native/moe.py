@@ -1,8 +1,8 @@
 """A mixture-of-experts layer's two ops: the router's choice and the routed experts.
 
-``select_experts(router_logits [T, E], top_k, ...) -> (topk_weights [T, k], topk_ids
-[T, k])`` scores, picks and weights each token's experts (registered as
-``moe_select_experts``).
+``route(x [T, H], gate_weight [E, H], top_k, ...) -> (topk_weights [T, k], topk_ids
+[T, k])`` (registered as ``moe_route``) is the gate: fp32 logits ``x @ gate_weight.T``,
+then ``select_experts``, which scores, picks and weights each token's experts.
 
 ``fused_moe(hidden [T, H], w13 [E, 2I, H], w2 [E, H, I], topk_weights [T, k],
 topk_ids [T, k]) -> [T, H]``: each token's output is the sum over its k chosen experts e of
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from atom_core.ops.native.linear import linear
 
 
 def with_shared_expert_ids(topk_ids: torch.Tensor, num_experts: int, num_shared: int) -> torch.Tensor:
@@ -121,3 +123,22 @@ def select_experts(
     if routed_scaling_factor != 1.0:
         topk_weights = topk_weights * routed_scaling_factor
     return topk_weights, topk_ids
+
+
+def route(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    top_k: int,
+    scoring_func: str = "softmax",
+    renormalize: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate: ``select_experts`` over the logits ``x @ gate_weight.T`` (x promoted to
+    the weight's fp32; see ``linear.promote``)."""
+    return select_experts(
+        linear(x, gate_weight), top_k, scoring_func, renormalize, num_expert_group, topk_group,
+        e_score_correction_bias, routed_scaling_factor,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul, silu_and_mul_linear
 from atom_core.ops.native.linear import linear
-from atom_core.ops.native.moe import fused_moe, select_experts
+from atom_core.ops.native.moe import fused_moe, route
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm, rms_norm_linear
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
 from atom_core.ops.native.rotary import rotary_embedding
@@ -17,7 +17,7 @@ NATIVE_OPS = {
     "silu_and_mul": silu_and_mul,
     "rotary_embedding": rotary_embedding,
     "fused_moe": fused_moe,
-    "moe_select_experts": select_experts,
+    "moe_route": route,
     "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
     "linear": linear,
     "silu_and_mul_linear": silu_and_mul_linear,

@@ -289,11 +289,13 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool,
-    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None, reduce: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(the product, the summed residual rows where ``norm`` has a residual) for a
     ``supported`` call, or None where the table says cuBLAS. ``norm``: (residual or None,
-    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded."""
+    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded. Without
+    ``reduce`` the product comes as [S, M, N] split-K partial sums, S = 1 when unsplit,
+    for the next kernel to add in order (``linear_partials``); no bias or norm then."""
     n, k = weight.shape
     x2 = _rows(x)
     m = x2.shape[0]
@@ -330,6 +332,8 @@ def _launch(
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma, SWAP=block_m == WIDE_ROWS,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
+    if not reduce:
+        return part if split_k > 1 else out[None], None
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
         _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
@@ -346,6 +350,15 @@ def linear(
     ``config`` overrides the table's block sizes (for tuning)."""
     res = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
     return native_linear(x, weight, bias) if res is None else res[0]
+
+
+def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight.T as [S, M, N] partial sums whose sum over S, taken in order, is
+    what ``linear`` returns bit for bit (S = 1 where the product is not split along K): the
+    split-K reduce left to the kernel that reads the product, one launch fewer. The MoE
+    router's logits go this way into the top-k kernel (``moe_topk.route``)."""
+    res = _launch(x, weight, None, None, gated=False, reduce=False) if supported(x, weight, None) else None
+    return native_linear(x, weight)[None] if res is None else res[0]
 
 
 def silu_and_mul_linear(

@@ -1,4 +1,5 @@
 """MoE routing in one kernel: score -> (group limit) -> top-k -> renormalise -> scale.
+``route`` (the ``moe_route`` op) puts the gate's GEMV in front of it.
 
 ``select_experts`` is ``atom_core.ops.native.moe.select_experts`` with one program per
 token where the reference takes a dozen small kernels (softmax, topk, gather, sum, div,
@@ -15,13 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.triton.gemv import linear_partials
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
 def _moe_topk_kernel(
-    logits_ptr, logits_stride, bias_ptr, weights_ptr, ids_ptr, num_experts, group_size, scale,
-    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
+    logits_ptr, logits_stride, split_stride, bias_ptr, weights_ptr, ids_ptr, num_experts, group_size, scale,
+    SPLITS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
     HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_GROUPS: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
     PDL: tl.constexpr,
@@ -30,7 +32,11 @@ def _moe_topk_kernel(
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < num_experts
+    # The logits come as SPLITS partial sums (the router GEMV's split-K), added here in the
+    # order its reduce kernel would add them: the same logits, bit for bit, one launch fewer.
     x = tl.load(logits_ptr + row * logits_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    for s in tl.static_range(1, SPLITS):
+        x += tl.load(logits_ptr + s * split_stride + row * logits_stride + offs, mask=valid, other=0.0)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -87,27 +93,48 @@ def select_experts(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_weights [T, k] fp32, topk_ids [T, k] int64) from router logits [T, E]; the
-    native op's contract, up to the order of each row's ids (best first here)."""
+    native op's contract, up to the order of each row's ids (best first here). Logits of
+    shape [S, T, E] are S partial sums (``gemv.linear_partials``), added in order."""
     if scoring_func not in ("softmax", "sigmoid"):
         raise ValueError(f"MoE scoring function {scoring_func!r} is not supported")
-    num_tokens, num_experts = router_logits.shape
-    if router_logits.stride(-1) != 1:
-        router_logits = router_logits.contiguous()
+    partials = router_logits if router_logits.dim() == 3 else router_logits[None]
+    if partials.stride(-1) != 1 or partials.stride(0) != partials.stride(1) * partials.shape[1]:
+        partials = partials.contiguous()
+    splits, num_tokens, num_experts = partials.shape
     num_groups = num_expert_group if num_expert_group is not None and num_expert_group > 1 else 1
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=router_logits.device)
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=partials.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=partials.device)
     if num_tokens == 0:
         return weights, ids
     block_e = triton.next_power_of_2(num_experts)
     bias = e_score_correction_bias
     _moe_topk_kernel[(num_tokens,)](
-        router_logits, router_logits.stride(0), bias if bias is not None else router_logits,
+        partials, partials.stride(1), partials.stride(0), bias if bias is not None else partials,
         weights, ids, num_experts, num_experts // num_groups, float(routed_scaling_factor),
-        TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        SPLITS=splits, TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
         SIGMOID=scoring_func == "sigmoid", HAS_BIAS=bias is not None, RENORMALIZE=renormalize,
         NUM_GROUPS=num_groups, TOPK_GROUP=min(topk_group or 1, num_groups),
         # One warp holds a row of up to 256 experts in 8 registers a lane; its reductions
         # then stay in shuffles, which is what a decode step's latency wants.
-        num_warps=max(1, min(8, block_e // 256)), **pdl_options(router_logits.device),
+        num_warps=max(1, min(8, block_e // 256)), **pdl_options(partials.device),
     )
     return weights, ids
+
+
+def route(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    top_k: int,
+    scoring_func: str = "softmax",
+    renormalize: bool = False,
+    num_expert_group: int | None = None,
+    topk_group: int | None = None,
+    e_score_correction_bias: torch.Tensor | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``moe_route`` op (``atom_core.ops.native.moe.route``): the gate's GEMV leaves its
+    split-K partial sums to this module's kernel, which adds them as it loads the row."""
+    return select_experts(
+        linear_partials(x, gate_weight), top_k, scoring_func, renormalize, num_expert_group, topk_group,
+        e_score_correction_bias, routed_scaling_factor,
+    )

@@ -46,7 +46,7 @@ def triton_ops() -> dict:
     from atom_core.ops.triton.argmax import argmax
     from atom_core.ops.triton.fused_moe import fused_moe
     from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear
-    from atom_core.ops.triton.moe_topk import select_experts
+    from atom_core.ops.triton.moe_topk import route
     from atom_core.ops.triton.norm import fused_add_rms_norm, rms_norm
     from atom_core.ops.triton.qk_norm_rope import qk_norm_rope_cache_write
     from atom_core.ops.triton.rotary import rotary_embedding
@@ -58,7 +58,7 @@ def triton_ops() -> dict:
         "rotary_embedding": rotary_embedding,
         "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
         "fused_moe": fused_moe,
-        "moe_select_experts": select_experts,
+        "moe_route": route,
         "linear": linear,
         "silu_and_mul_linear": silu_and_mul_linear,
         "rms_norm_linear": rms_norm_linear,
