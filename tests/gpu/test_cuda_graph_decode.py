@@ -50,7 +50,7 @@ def engine_tokens(path, dtype: str, **kwargs) -> tuple[list[list[int]], LLMEngin
     return [o["token_ids"] for o in engine.generate(prompts(), params)], engine
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("kind", ["qwen3", "llama", "qwen3_moe"])
 def test_graph_equals_eager_equals_transformers_fp32(kind):
     path = tiny_model_dir(kind)
     graph, engine = engine_tokens(path, "float32")
