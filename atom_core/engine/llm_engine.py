@@ -292,14 +292,15 @@ class LLMEngine:
         self._pending = launched
 
     def _may_start_ahead(self, batch: ScheduledBatch) -> bool:
-        """A plain decode of every running sequence, with nothing waiting: its tokens may be
-        read one step late."""
+        """A plain decode of every running sequence that no waiting one could join (none
+        waits, or max_num_seqs already run: a loaded server's steady state): its tokens may
+        be read one step late. A sequence that then stops frees its seat one step late."""
         return (
             self.config.scheduler_config.async_scheduling
             and self.runner.decode_inputs is not None
             and self.runner.is_plain_decode(batch)
             and batch.seqs == self.scheduler.running
-            and not self.scheduler.num_waiting
+            and not self.scheduler.can_admit()
             and all(self._host_free_sampling(s.sampling_params) for s in batch.seqs)
         )
 

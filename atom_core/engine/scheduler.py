@@ -167,11 +167,16 @@ class Scheduler:
                 budget -= n
         return batch
 
+    def can_admit(self) -> bool:
+        """Whether ``schedule()`` may admit a waiting sequence: one waits, and fewer than
+        max_num_seqs run (the KV cache may still turn it away)."""
+        return bool(self.waiting) and len(self.running) < self.max_num_seqs
+
     def decodes_unchanged(self) -> bool:
         """Whether ``schedule()`` would now give every running sequence (in order) exactly one
-        token and change nothing else: nothing waits, and the token budget and the free
-        blocks cover them all (so no preemption)."""
-        if self.waiting or not self.running or len(self.running) > self.max_num_batched_tokens:
+        token and change nothing else: no waiting sequence can join (``can_admit``), and the
+        token budget and the free blocks cover them all (so no preemption)."""
+        if self.can_admit() or not self.running or len(self.running) > self.max_num_batched_tokens:
             return False
         bs = self.block_manager.block_size
         needed = 0

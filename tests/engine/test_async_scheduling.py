@@ -154,3 +154,27 @@ def test_max_model_len_and_preemption_pressure_equal_sync(max_model_len):
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
     assert [o["finish_reason"] for o in outs] == [o["finish_reason"] for o in sync]
     assert all_blocks_free(eng)
+
+
+def test_runs_ahead_while_requests_wait_for_a_seat():
+    # max_num_seqs running and more waiting (a loaded server): no waiting request can join,
+    # so the decode batch still runs ahead; a request that finishes frees its seat one step
+    # late, and the next waiting one is admitted then. Outputs equal the synchronous engine's.
+    ps = prompts(5, seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 14, 9, 20, 11)]
+    sync = engine(False, max_num_seqs=2).generate(ps, params)
+    eng = engine(True, max_num_seqs=2)
+    waiting_when_ahead: list[int] = []
+    launch = eng.runner.launch_decode
+
+    def spy(batch, ids_from=None):
+        if ids_from is not None:
+            waiting_when_ahead.append(eng.scheduler.num_waiting)
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch_decode = spy
+    outs = eng.generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+    assert [len(o["token_ids"]) for o in outs] == [6, 14, 9, 20, 11]
+    assert sum(1 for w in waiting_when_ahead if w > 0) >= 5  # ran ahead with requests queued
+    assert eng.scheduler.num_running == 0 and all_blocks_free(eng)
