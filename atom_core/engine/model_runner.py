@@ -15,7 +15,7 @@ from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import Logprob, Sequence
-from atom_core.engine.step_inputs import eager_inputs
+from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.context import forward_context
 from atom_core.layers.sampler import Sampler, SamplingBatch, prompt_logprobs
 from atom_core.loader import LoadedModel
@@ -144,7 +144,7 @@ class ModelRunner:
         n = min(self.config.scheduler_config.max_num_batched_tokens, self.config.scheduler_config.max_model_len)
         self._allocate_kv_cache(1)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        meta = eager_inputs(None, [0], [n], [[0] * -(-n // self.block_size)], self.block_size, self.device)[2]
+        meta = self._metadata([0], [n], [[0] * -(-n // self.block_size)], n)
         meta.slot_mapping.fill_(-1)
         with torch.inference_mode(), forward_context(meta):
             hidden = self.model(ids, torch.arange(n, device=self.device))
@@ -160,6 +160,33 @@ class ModelRunner:
 
     # --- inputs -------------------------------------------------------------------------
 
+    def _metadata(
+        self, starts: list[int], lens: list[int], tables: list[list[int]], total: int
+    ) -> AttentionMetadata:
+        bs = self.block_size
+        slots: list[int] = []
+        qsl = [0]
+        seq_lens = []
+        for start, n, table in zip(starts, lens, tables):
+            for p in range(start, start + n):
+                slots.append(table[p // bs] * bs + p % bs)
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(start + n)
+        width = max(len(t) for t in tables)
+        padded = [t + [-1] * (width - len(t)) for t in tables]
+        dev = self.device
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
+            block_size=bs,
+            max_query_len=max(lens),
+            max_seq_len=max(seq_lens),
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=seq_lens,
+        )
+
     # --- the step -----------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -168,31 +195,33 @@ class ModelRunner:
         if self.decode_inputs is not None and self.is_plain_decode(batch):
             return self.collect_decode(self.launch_decode(batch))
         starts = [s.num_computed_tokens for s in seqs]
-        input_ids, pos, meta = eager_inputs(
-            [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs], self.block_size, self.device
-        )
-        ends = meta.query_start_loc_cpu
-        sampling = [i for i, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == s.num_tokens]
-        chosen = [seqs[i] for i in sampling]
-        if sampling:
-            # Built before the forward is queued, so their small host->device copies do not
-            # wait for the GPU to finish it.
-            rows = torch.tensor([ends[i + 1] - 1 for i in sampling], device=self.device)
-            sbatch = SamplingBatch.build(
-                [s.sampling_params for s in chosen],
-                [s.prompt_token_ids for s in chosen],
-                [s.output_token_ids for s in chosen],
-                [self._generator(s) for s in chosen],
-                self.device,
-            )
+        ids: list[int] = []
+        positions: list[int] = []
+        for s, start, n in zip(seqs, starts, counts):
+            ids.extend(s.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+        meta = self._metadata(starts, counts, [s.block_table for s in seqs], len(ids))
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         with forward_context(meta), annotate(batch):
             hidden = self.model(input_ids, pos)
 
         out = StepOutput({}, {}, {})
+        ends = meta.query_start_loc_cpu
+        sampling = [i for i, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == s.num_tokens]
         self._prompt_logprobs(seqs, starts, counts, ends, hidden, out)
         if not sampling:
             return out
+        rows = torch.tensor([ends[i + 1] - 1 for i in sampling], device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, rows))
+        chosen = [seqs[i] for i in sampling]
+        sbatch = SamplingBatch.build(
+            [s.sampling_params for s in chosen],
+            [s.prompt_token_ids for s in chosen],
+            [s.output_token_ids for s in chosen],
+            [self._generator(s) for s in chosen],
+            self.device,
+        )
         result = self.sampler(logits, sbatch)
         tokens = result.token_ids.tolist()  # the step's one device-to-host transfer
         for j, s in enumerate(chosen):
