@@ -14,7 +14,7 @@ import torch
 from atom_core.config import Config
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.detokenizer import IncrementalDetokenizer
-from atom_core.engine.model_runner import ModelRunner, PendingDecode, StepOutput
+from atom_core.engine.model_runner import ModelRunner, PendingStep, StepOutput
 from atom_core.engine.profiler import TorchProfiler, profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, Sequence
@@ -122,7 +122,7 @@ class LLMEngine:
         self._next_id = 0
         self.num_preemptions = 0
         self.last_step_tokens = (0, 0)  # (prompt, generated) tokens of the latest step
-        self._pending: PendingDecode | None = None  # a decode step queued and not read yet
+        self._pending: PendingStep | None = None  # a step queued and not read yet
         logger.info(
             "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
             "max_model_len=%d prefix_caching=%s attention=%s",
@@ -252,67 +252,71 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Run one scheduled batch; returns the sequences that finished in it.
 
-        With ``--async-scheduling`` a steady decode batch runs one step ahead: a call queues
-        step k+1 on the device (its input ids are step k's sampled ids, never read by the
-        host) and then reads and processes step k's tokens, so the host's bookkeeping
-        overlaps the GPU's work and the sequences it returns finished in step k. The
-        pipeline drains (the queued step is read first) whenever the batch would change.
+        With ``--async-scheduling`` steps run one ahead: a call schedules and queues step
+        k+1 on the device (the input ids of sequences that step k samples are step k's
+        sampled ids, never read by the host) and then reads and processes step k's tokens,
+        so the host's scheduling, input building and bookkeeping overlap the GPU's work and
+        the sequences it returns finished in step k. The pipeline drains (step k is read
+        before step k+1 is scheduled) when a sequence of step k is certain to stop there,
+        and a step that needs the host (logprobs, penalties) runs on its own.
         """
+        self.last_step_tokens = (0, 0)
         pending, self._pending = self._pending, None
-        if pending is not None:
-            if self._may_run_ahead(pending.seqs):
-                batch = self.scheduler.schedule()
-                queued = self.runner.launch_decode(batch, ids_from=pending)
-                finished = self._process(pending.seqs, self.runner.collect_decode(pending), resolve=True)
-                self._queue(batch, queued)
-                return finished
-            finished = self._process(pending.seqs, self.runner.collect_decode(pending), resolve=True)
-            return finished + self._step_now()
-        return self._step_now()
-
-    def _step_now(self) -> list[Sequence]:
+        if pending is not None and not self._may_schedule_past(pending.seqs):
+            finished = self._read(pending)
+            pending = None
+        else:
+            finished = []
         batch = self.scheduler.schedule()
         self.num_preemptions += batch.num_preempted
+        if batch.seqs and self._may_launch_ahead(batch):
+            queued = self.runner.launch(batch, ids_from=pending)
+            if pending is not None:
+                finished += self._read(pending)
+            self._queue(batch, queued)
+            return finished
+        if pending is not None:  # its placeholders are resolved before this batch is built
+            finished += self._read(pending)
         if not batch.seqs:
-            return []
-        if self._may_start_ahead(batch):
-            self._queue(batch, self.runner.launch_decode(batch))
-            self.last_step_tokens = (0, 0)  # this step's tokens are counted when read
-            return []
+            return finished
         out = self.runner.execute(batch)
         self.scheduler.advance(batch)
-        return self._process(batch.seqs, out)
+        return finished + self._process(batch.seqs, out)
 
-    def _queue(self, batch: ScheduledBatch, launched: PendingDecode) -> None:
-        """``launched`` computes ``batch`` and is read next step: its tokens are placeholders."""
-        for seq in batch.seqs:
+    def _read(self, pending: PendingStep) -> list[Sequence]:
+        return self._process(pending.seqs, self.runner.collect(pending), resolve=True)
+
+    def _queue(self, batch: ScheduledBatch, launched: PendingStep) -> None:
+        """``launched`` computes ``batch`` and is read next step: the tokens it samples are
+        placeholders until then."""
+        for seq in launched.seqs:
             if not seq.is_finished:
                 seq.append_placeholder()
         self.scheduler.advance(batch)
         self._pending = launched
 
-    def _may_start_ahead(self, batch: ScheduledBatch) -> bool:
-        """A plain decode of every running sequence that no waiting one could join (none
-        waits, or max_num_seqs already run: a loaded server's steady state): its tokens may
-        be read one step late. A sequence that then stops frees its seat one step late."""
+    def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether ``batch`` may be queued and its tokens read one step late: nothing in it
+        reads the device on the host (prompt logprobs, logprobs, penalties over the token
+        history)."""
         return (
             self.config.scheduler_config.async_scheduling
             and self.runner.decode_inputs is not None
-            and self.runner.is_plain_decode(batch)
-            and batch.seqs == self.scheduler.running
-            and not self.scheduler.can_admit()
-            and all(self._host_free_sampling(s.sampling_params) for s in batch.seqs)
+            and all(
+                self._host_free_sampling(s.sampling_params)
+                and (s.sampling_params.prompt_logprobs is None or len(s.prompt_logprobs) >= s.num_prompt_tokens)
+                for s in batch.seqs
+            )
         )
 
-    def _may_run_ahead(self, seqs: list[Sequence]) -> bool:
-        """Whether the next step may be queued before the queued one (``seqs``, each ending in
-        a placeholder) is read: the same sequences would be scheduled, one token each, and
-        none is certain to stop at its placeholder (a stop token or string still may: that
-        sequence's extra token is dropped)."""
-        if seqs != self.scheduler.running or not self.scheduler.decodes_unchanged():
-            return False
+    def _may_schedule_past(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step may be scheduled before the queued one (which samples
+        ``seqs``, each ending in a placeholder) is read: none is certain to stop at its
+        placeholder (a stop token or string still may: that sequence's extra token is
+        dropped)."""
         return all(
-            s.num_output_tokens < s.sampling_params.max_tokens and s.num_tokens < self.max_model_len
+            s.is_finished
+            or (s.num_output_tokens < s.sampling_params.max_tokens and s.num_tokens < self.max_model_len)
             for s in seqs
         )
 
@@ -360,7 +364,8 @@ class LLMEngine:
                 self._notify(req, reason is not None)
         for seq in finished:
             self._requests.pop(seq.request_id, None)
-        self.last_step_tokens = (num_prompt, num_gen)
+        prompt, gen = self.last_step_tokens
+        self.last_step_tokens = (prompt + num_prompt, gen + num_gen)
         self.stats.record(num_prompt, num_gen)
         return finished
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -14,10 +14,10 @@ from atom_core.engine.cuda_graphs import CudaGraphRunner
 from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
-from atom_core.engine.sequence import Logprob, Sequence
-from atom_core.layers.attention.metadata import AttentionMetadata
+from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
+from atom_core.engine.step_inputs import eager_inputs
 from atom_core.layers.context import forward_context
-from atom_core.layers.sampler import Sampler, SamplingBatch, prompt_logprobs
+from atom_core.layers.sampler import Sampler, SamplerOutput, SamplingBatch, prompt_logprobs
 from atom_core.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -26,14 +26,15 @@ GIB = 1 << 30
 
 
 @dataclass
-class PendingDecode:
-    """A decode step queued on the device whose sampled ids the host has not read yet."""
+class PendingStep:
+    """A step queued on the device whose sampled ids the host has not read yet."""
 
-    seqs: list[Sequence]
+    seqs: list[Sequence]  # the sequences that sample, in the order of ``sampled``
     sampled: torch.Tensor  # [n] device ids: the next step's input ids, without a host trip
     host: torch.Tensor  # [n] pinned buffer the ids are being copied into
     ready: torch.cuda.Event | None  # recorded after that copy (None on CPU: copies are sync)
     logprobs: list[Logprob | None]
+    prompt_logprobs: dict[int, list[Logprob | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class ModelRunner:
         n = min(self.config.scheduler_config.max_num_batched_tokens, self.config.scheduler_config.max_model_len)
         self._allocate_kv_cache(1)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        meta = self._metadata([0], [n], [[0] * -(-n // self.block_size)], n)
+        meta = eager_inputs(None, [0], [n], [[0] * -(-n // self.block_size)], self.block_size, self.device).meta
         meta.slot_mapping.fill_(-1)
         with torch.inference_mode(), forward_context(meta):
             hidden = self.model(ids, torch.arange(n, device=self.device))
@@ -158,77 +159,52 @@ class ModelRunner:
         for layer in self.attention_layers:
             layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks), dtype=self.dtype, device=self.device)
 
-    # --- inputs -------------------------------------------------------------------------
-
-    def _metadata(
-        self, starts: list[int], lens: list[int], tables: list[list[int]], total: int
-    ) -> AttentionMetadata:
-        bs = self.block_size
-        slots: list[int] = []
-        qsl = [0]
-        seq_lens = []
-        for start, n, table in zip(starts, lens, tables):
-            for p in range(start, start + n):
-                slots.append(table[p // bs] * bs + p % bs)
-            qsl.append(qsl[-1] + n)
-            seq_lens.append(start + n)
-        width = max(len(t) for t in tables)
-        padded = [t + [-1] * (width - len(t)) for t in tables]
-        dev = self.device
-        return AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            block_size=bs,
-            max_query_len=max(lens),
-            max_seq_len=max(seq_lens),
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=seq_lens,
-        )
-
     # --- the step -----------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> StepOutput:
-        seqs, counts = batch.seqs, batch.num_scheduled_tokens
-        if self.decode_inputs is not None and self.is_plain_decode(batch):
-            return self.collect_decode(self.launch_decode(batch))
-        starts = [s.num_computed_tokens for s in seqs]
-        ids: list[int] = []
-        positions: list[int] = []
-        for s, start, n in zip(seqs, starts, counts):
-            ids.extend(s.token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-        meta = self._metadata(starts, counts, [s.block_table for s in seqs], len(ids))
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with forward_context(meta), annotate(batch):
-            hidden = self.model(input_ids, pos)
+        """Run one step and read its tokens."""
+        return self.collect(self.launch(batch))
 
-        out = StepOutput({}, {}, {})
-        ends = meta.query_start_loc_cpu
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, ids_from: PendingStep | None = None) -> PendingStep:
+        """Queue one step: its inputs, the forward, the sampler and an asynchronous copy of
+        the sampled ids; nothing waits for the device unless the batch owes prompt logprobs
+        (read on the host). ``ids_from``: the step queued before this one, not read yet; the
+        sequences it samples end in a placeholder on the host, and their input ids here are
+        its sampled ids, copied on the device. docs/host_timeline.md walks through it."""
+        with annotate(batch):
+            if self.decode_inputs is not None and self.is_plain_decode(batch):
+                return self._launch_decode(batch.seqs, ids_from)
+            return self._launch_eager(batch, ids_from)
+
+    def _launch_eager(self, batch: ScheduledBatch, ids_from: PendingStep | None) -> PendingStep:
+        seqs, counts = batch.seqs, batch.num_scheduled_tokens
+        starts = [s.num_computed_tokens for s in seqs]
         sampling = [i for i, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == s.num_tokens]
-        self._prompt_logprobs(seqs, starts, counts, ends, hidden, out)
-        if not sampling:
-            return out
-        rows = torch.tensor([ends[i + 1] - 1 for i in sampling], device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))
-        chosen = [seqs[i] for i in sampling]
-        sbatch = SamplingBatch.build(
-            [s.sampling_params for s in chosen],
-            [s.prompt_token_ids for s in chosen],
-            [s.output_token_ids for s in chosen],
-            [self._generator(s) for s in chosen],
-            self.device,
+        rows_at = [0]
+        for n in counts:
+            rows_at.append(rows_at[-1] + n)
+        last_rows = [rows_at[i] + s.num_tokens - 1 - st for i, (s, st) in enumerate(zip(seqs, starts))]
+        inputs = eager_inputs(
+            [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs], self.block_size,
+            self.device, sampling, _fill_map(seqs, last_rows, ids_from),
         )
-        result = self.sampler(logits, sbatch)
-        tokens = result.token_ids.tolist()  # the step's one device-to-host transfer
-        for j, s in enumerate(chosen):
-            out.sampled[s.seq_id] = tokens[j]
-            if result.logprobs[j] is not None:
-                out.logprobs[s.seq_id] = result.logprobs[j]
-        return out
+        if inputs.fill_rows.numel():
+            inputs.input_ids.index_copy_(0, inputs.fill_rows, ids_from.sampled.index_select(0, inputs.fill_from))
+        chosen = [seqs[i] for i in sampling]
+        # Built before the forward is queued: its small copies then go ahead of it.
+        sbatch = self._sampling_batch(chosen) if chosen else None
+        with forward_context(inputs.meta):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        prompt_lps: dict[int, list[Logprob | None]] = {}
+        self._prompt_logprobs(seqs, starts, counts, inputs.meta.query_start_loc_cpu, hidden, prompt_lps)
+        if sbatch is None:
+            empty = torch.empty(0, dtype=torch.long)
+            return PendingStep([], empty.to(self.device), empty, None, [], prompt_lps)
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+        pending = self._send_back(chosen, self.sampler(logits, sbatch))
+        pending.prompt_logprobs = prompt_lps
+        return pending
 
     @staticmethod
     def is_plain_decode(batch: ScheduledBatch) -> bool:
@@ -240,26 +216,23 @@ class ModelRunner:
                 return False
         return True
 
-    @torch.inference_mode()
-    def launch_decode(self, batch: ScheduledBatch, ids_from: PendingDecode | None = None) -> PendingDecode:
-        """Queue one decode step: inputs into the static buffers, a graph replay (or the same
-        forward eagerly), the sampler, and an asynchronous copy of the sampled ids; nothing
-        waits. With ``ids_from`` (the previous step, same sequences in the same order, not
-        collected yet) the input ids are that step's sampled ids, copied on the device: the
-        host's ``token_ids`` then end in a placeholder. docs/host_timeline.md walks through it."""
-        with annotate(batch):
-            return self._launch_decode(batch.seqs, ids_from)
-
-    def _launch_decode(self, seqs: list[Sequence], ids_from: PendingDecode | None) -> PendingDecode:
+    def _launch_decode(self, seqs: list[Sequence], ids_from: PendingStep | None) -> PendingStep:
+        """The GPU decode path: inputs into the static buffers, then a graph replay (or the
+        same forward eagerly)."""
         inputs = self.decode_inputs
         assert inputs is not None
         n = len(seqs)
         padded = self.graphs.padded_size(n) if self.graphs is not None else None
         lens = inputs.prepare(seqs, padded or n)
-        if ids_from is not None:
+        if ids_from is not None and ids_from.seqs == seqs:  # a steady batch: all of them, in order
             inputs.input_ids(n).copy_(ids_from.sampled)
-        # Built before the forward is queued, so its small host->device copies do not
-        # wait for the GPU; reused while the batch is unchanged.
+        else:
+            fill_rows, fill_from = _fill_map(seqs, range(n), ids_from)
+            if fill_rows:
+                ids = inputs.input_ids(n)
+                ids.index_copy_(0, _index(fill_rows, self.device), ids_from.sampled.index_select(0, _index(fill_from, self.device)))
+        # Built before the forward is queued, so its small copies go ahead of it; reused
+        # while the batch is unchanged.
         sbatch = self._decode_sampling_batch(seqs)
         if padded is not None:
             logits = self.graphs.replay(padded)[:n]
@@ -268,22 +241,27 @@ class ModelRunner:
             with forward_context(meta):
                 hidden = self.model(inputs.input_ids(n), inputs.positions(n))
                 logits = self.model.compute_logits(hidden)
-        result = self.sampler(logits, sbatch)
+        return self._send_back(seqs, self.sampler(logits, sbatch))
+
+    def _send_back(self, seqs: list[Sequence], result: SamplerOutput) -> PendingStep:
+        """Start the copy of the sampled ids to the host; record when it is done."""
+        if self.decode_inputs is None:  # the CPU engine: the ids are already on the host
+            return PendingStep(list(seqs), result.token_ids, result.token_ids, None, result.logprobs)
         slot = self._launches % 2
         self._launches += 1
-        host = self._sampled_host[slot][:n]
+        host = self._sampled_host[slot][: len(seqs)]
         host.copy_(result.token_ids, non_blocking=host.is_pinned())
         ready = self._sampled_ready[slot]
         if ready is not None:
             ready.record()
-        return PendingDecode(list(seqs), result.token_ids, host, ready, result.logprobs)
+        return PendingStep(list(seqs), result.token_ids, host, ready, result.logprobs)
 
-    def collect_decode(self, pending: PendingDecode) -> StepOutput:
+    def collect(self, pending: PendingStep) -> StepOutput:
         """Wait for a launched step's sampled ids (the step's one host wait) and return them."""
         if pending.ready is not None:
             pending.ready.synchronize()
         tokens = pending.host.tolist()
-        out = StepOutput({}, {}, {})
+        out = StepOutput({}, {}, pending.prompt_logprobs)
         for j, s in enumerate(pending.seqs):
             out.sampled[s.seq_id] = tokens[j]
             if pending.logprobs[j] is not None:
@@ -295,18 +273,21 @@ class ModelRunner:
         cached = self._sampling_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        sbatch = SamplingBatch.build(
+        sbatch = self._sampling_batch(seqs)
+        # Penalties read the growing output ids: such a batch is rebuilt every step.
+        self._sampling_cache = None if sbatch.any_penalty else (key, sbatch)
+        return sbatch
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        return SamplingBatch.build(
             [s.sampling_params for s in seqs],
             [s.prompt_token_ids for s in seqs],
             [s.output_token_ids for s in seqs],
             [self._generator(s) for s in seqs],
             self.device,
         )
-        # Penalties read the growing output ids: such a batch is rebuilt every step.
-        self._sampling_cache = None if sbatch.any_penalty else (key, sbatch)
-        return sbatch
 
-    def _prompt_logprobs(self, seqs, starts, counts, ends, hidden, out: StepOutput) -> None:
+    def _prompt_logprobs(self, seqs, starts, counts, ends, hidden, out: dict[int, list[Logprob | None]]) -> None:
         """Logprobs of prompt tokens computed this step (position p predicts token p + 1).
 
         Entry j of ``seq.prompt_logprobs`` is prompt token j's (entry 0 is None); a
@@ -325,7 +306,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(h).float()
                 targets = torch.tensor(s.token_ids[first + 1 : stop + 1], device=self.device)
                 entries.extend(prompt_logprobs(logits, targets, k))
-            out.prompt_logprobs[s.seq_id] = entries
+            out[s.seq_id] = entries
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         seed = seq.sampling_params.seed
@@ -337,3 +318,25 @@ class ModelRunner:
             gen.manual_seed(seed)
             seq.generator = gen
         return gen
+
+
+def _fill_map(seqs: list[Sequence], last_rows, ids_from: PendingStep | None) -> tuple[list[int], list[int]]:
+    """(rows, indices): the flat input rows holding a placeholder (each sequence's newest
+    token, at ``last_rows[i]``) and where ``ids_from`` sampled them."""
+    rows: list[int] = []
+    src: list[int] = []
+    index = {s.seq_id: j for j, s in enumerate(ids_from.seqs)} if ids_from is not None else {}
+    for s, row in zip(seqs, last_rows):
+        if s.token_ids[-1] != PLACEHOLDER_TOKEN:
+            continue
+        if s.seq_id not in index:
+            raise RuntimeError(f"sequence {s.request_id} ends in a placeholder no queued step samples")
+        rows.append(row)
+        src.append(index[s.seq_id])
+    return rows, src
+
+
+def _index(values: list[int], device: torch.device) -> torch.Tensor:
+    """A small index tensor on the device, copied without making the host wait."""
+    host = torch.tensor(values, dtype=torch.long)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)

@@ -1,5 +1,5 @@
-"""--async-scheduling: a steady decode batch runs one step ahead (step k+1 queued before
-step k's tokens are read). On CPU the GPU decode path is switched on by hand, so the same
+"""--async-scheduling: steps run one ahead (step k+1 scheduled and queued before step k's
+tokens are read), decode-only and mixed (prefill chunks beside decodes) alike. On CPU the GPU decode path is switched on by hand, so the same
 launch/collect code runs; every output must equal the synchronous engine's, token for token,
 whatever stops the requests (length, stop tokens, stop strings, aborts, new arrivals)."""
 
@@ -28,13 +28,13 @@ def engine(async_scheduling: bool, **kw) -> LLMEngine:
 def count_run_ahead(eng: LLMEngine) -> list[int]:
     """Records 1 for each step queued from the previous step's device ids, else 0."""
     calls: list[int] = []
-    launch = eng.runner.launch_decode
+    launch = eng.runner.launch
 
     def spy(batch, ids_from=None):
         calls.append(int(ids_from is not None))
         return launch(batch, ids_from=ids_from)
 
-    eng.runner.launch_decode = spy
+    eng.runner.launch = spy
     return calls
 
 
@@ -144,7 +144,8 @@ def test_abort_and_arrival_mid_pipeline():
 
 @pytest.mark.parametrize("max_model_len", [40])
 def test_max_model_len_and_preemption_pressure_equal_sync(max_model_len):
-    # A small KV pool: the pipeline must drain rather than preempt with placeholders queued.
+    # A small KV pool: sequences are preempted, some with a placeholder queued (recomputed
+    # later from the resolved token), and certain stops at max_model_len drain the pipeline.
     ps = prompts(4, seed=5)
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     kw = dict(num_gpu_blocks_override=24, max_model_len=max_model_len)
@@ -165,16 +166,96 @@ def test_runs_ahead_while_requests_wait_for_a_seat():
     sync = engine(False, max_num_seqs=2).generate(ps, params)
     eng = engine(True, max_num_seqs=2)
     waiting_when_ahead: list[int] = []
-    launch = eng.runner.launch_decode
+    launch = eng.runner.launch
 
     def spy(batch, ids_from=None):
         if ids_from is not None:
             waiting_when_ahead.append(eng.scheduler.num_waiting)
         return launch(batch, ids_from=ids_from)
 
-    eng.runner.launch_decode = spy
+    eng.runner.launch = spy
     outs = eng.generate(ps, params)
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
     assert [len(o["token_ids"]) for o in outs] == [6, 14, 9, 20, 11]
     assert sum(1 for w in waiting_when_ahead if w > 0) >= 5  # ran ahead with requests queued
     assert eng.scheduler.num_running == 0 and all_blocks_free(eng)
+
+
+def test_mixed_steps_run_ahead_and_equal_sync():
+    # A small token budget chunks each prompt over several steps beside the running
+    # decodes, and requests arrive while others decode: prefill chunks, first tokens and
+    # decodes are all queued from the previous step's device ids. Outputs equal the
+    # synchronous engine's and transformers'.
+    ps = prompts(6, seed=6)
+    lengths = [5, 12, 3, 9, 15, 7]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
+    kw = dict(max_num_batched_tokens=16, max_num_seqs=4)
+    sync = engine(False, **kw).generate(ps, params)
+    eng = engine(True, **kw)
+    mixed_ahead: list[bool] = []
+    launch = eng.runner.launch
+
+    def spy(batch, ids_from=None):
+        if not eng.runner.is_plain_decode(batch):
+            mixed_ahead.append(ids_from is not None)
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch = spy
+    got: dict[str, list[int]] = {}
+
+    def collect(out):
+        got.setdefault(out.request_id, []).extend(out.token_ids)
+
+    rids = eng.add_request(ps[:3], params[:3], stream_callback=collect)
+    for _ in range(4):
+        eng.step()
+    rids += eng.add_request(ps[3:], params[3:], stream_callback=collect)
+    while not eng.is_finished():
+        eng.step()
+    assert [got[r] for r in rids] == [o["token_ids"] for o in sync]
+    hf = hf_greedy(hf_model(tiny_model_dir("qwen3")), ps, max(lengths))
+    assert [got[r] for r in rids] == [h[:n] for h, n in zip(hf, lengths)]
+    assert sum(mixed_ahead) >= 5  # mixed steps really ran ahead
+    assert all_blocks_free(eng)
+
+
+def test_seeded_sampling_with_chunked_prefill_equals_sync():
+    ps = prompts(4, seed=7)
+    params = [SamplingParams(temperature=0.9, top_k=20, seed=11 + i, max_tokens=10, ignore_eos=True) for i in range(4)]
+    kw = dict(max_num_batched_tokens=12, max_num_seqs=3)
+    sync = engine(False, **kw).generate(ps, params)
+    outs = engine(True, **kw).generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+
+
+def test_prompt_logprobs_step_runs_on_its_own():
+    # A step owing prompt logprobs reads the device on the host: it is not queued ahead,
+    # and the steps around it still are.
+    ps = prompts(3, seed=8)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, prompt_logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+    ]
+    sync = engine(False, max_num_batched_tokens=16).generate(ps, params)
+    eng = engine(True, max_num_batched_tokens=16)
+    ahead: list[bool] = []
+    owing_ahead: list[bool] = []  # steps computing prompt logprobs: queued behind another?
+    launch = eng.runner.launch
+
+    def spy(batch, ids_from=None):
+        ahead.append(ids_from is not None)
+        if any(s.sampling_params.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens
+               for s in batch.seqs):
+            owing_ahead.append(ids_from is not None)
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch = spy
+    outs = eng.generate(ps, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
+    assert [lp.token_id for lp in outs[1]["prompt_logprobs"][1:]] == ps[1][1:]
+    assert [lp.logprob for lp in outs[1]["prompt_logprobs"][1:]] == [
+        lp.logprob for lp in sync[1]["prompt_logprobs"][1:]
+    ]
+    assert owing_ahead and not any(owing_ahead)
+    assert sum(ahead) > 0

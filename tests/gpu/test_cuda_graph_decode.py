@@ -97,16 +97,45 @@ def test_async_scheduling_equals_sync_in_graph_mode():
     eng = LLMEngine(str(path), enable_log_stats=False, device="cuda", dtype="float32", max_num_seqs=8,
                     cudagraph_capture_sizes=[1, 2, 4, 8], num_gpu_blocks_override=256, async_scheduling=True)
     ahead = []
-    launch = eng.runner.launch_decode
+    launch = eng.runner.launch
 
     def spy(batch, ids_from=None):
         ahead.append(ids_from is not None)
         return launch(batch, ids_from=ids_from)
 
-    eng.runner.launch_decode = spy
+    eng.runner.launch = spy
     outs = eng.generate(prompts(), greedy)
     assert [o["token_ids"] for o in outs] == [s[:n] for s, n in zip(sync, lengths)]
     assert sum(ahead) >= 10
     ref = engine_tokens(path, "float32", async_scheduling=False)[1].generate(prompts(), seeded)
     assert [o["token_ids"] for o in eng.generate(prompts(), seeded)] == [o["token_ids"] for o in ref]
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+def test_mixed_steps_run_ahead_equal_sync():
+    """Prefill chunks beside decodes, queued behind the step before them: their inputs go
+    through one pinned non-blocking copy, the decode rows' ids come from the previous
+    step's sampled ids on the device, and sampling tensors are copied without a wait."""
+    path = tiny_model_dir("qwen3")
+    rng = random.Random(3)
+    ps = [[rng.randrange(256) for _ in range(n)] for n in (5, 40, 17, 33, 9, 61)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (20, 7, 31, 12, 25, 16)]
+    seeded = [SamplingParams(temperature=0.8, top_p=0.9, seed=5 + i, max_tokens=14, ignore_eos=True)
+              for i in range(len(ps))]
+    kw = dict(enable_log_stats=False, device="cuda", dtype="float32", max_num_seqs=4,
+              max_num_batched_tokens=24, cudagraph_capture_sizes=[1, 2, 4], num_gpu_blocks_override=256)
+    sync = LLMEngine(str(path), async_scheduling=False, **kw)
+    eng = LLMEngine(str(path), async_scheduling=True, **kw)
+    mixed_ahead = []
+    launch = eng.runner.launch
+
+    def spy(batch, ids_from=None):
+        if not eng.runner.is_plain_decode(batch):
+            mixed_ahead.append(ids_from is not None)
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch = spy
+    for p in (params, seeded):
+        assert [o["token_ids"] for o in eng.generate(ps, p)] == [o["token_ids"] for o in sync.generate(ps, p)]
+    assert sum(mixed_ahead) >= 10
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks

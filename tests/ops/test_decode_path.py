@@ -52,8 +52,8 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkey
     engine.runner.fast_decode = True
     engine.runner._setup_fast_decode()
     calls = []
-    fast = engine.runner.launch_decode
-    engine.runner.launch_decode = lambda batch, **kw: calls.append(len(batch.seqs)) or fast(batch, **kw)
+    fast = engine.runner._launch_decode
+    engine.runner._launch_decode = lambda seqs, ids_from: calls.append(len(seqs)) or fast(seqs, ids_from)
     launches = []  # per decode-attention launch: (Qwen3's attention input fused in?, splits)
     attend = triton_backend.paged_decode_attention
     monkeypatch.setattr(triton_backend, "paged_decode_attention",
