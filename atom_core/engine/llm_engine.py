@@ -256,18 +256,15 @@ class LLMEngine:
         k+1 on the device (the input ids of sequences that step k samples are step k's
         sampled ids, never read by the host) and then reads and processes step k's tokens,
         so the host's scheduling, input building and bookkeeping overlap the GPU's work and
-        the sequences it returns finished in step k. The pipeline drains (step k is read
-        before step k+1 is scheduled) when a sequence of step k is certain to stop there,
-        and a step that needs the host (logprobs, penalties) runs on its own.
+        the sequences it returns finished in step k. Sequences certain to stop at step k's
+        token sit step k+1 out; a step that needs the host (logprobs, penalties) runs on
+        its own, after step k is read.
         """
         self.last_step_tokens = (0, 0)
         pending, self._pending = self._pending, None
-        if pending is not None and not self._may_schedule_past(pending.seqs):
-            finished = self._read(pending)
-            pending = None
-        else:
-            finished = []
-        batch = self.scheduler.schedule()
+        finished: list[Sequence] = []
+        done = self._certain_stops(pending.seqs) if pending is not None else frozenset()
+        batch = self.scheduler.schedule(skip=done)
         self.num_preemptions += batch.num_preempted
         if batch.seqs and self._may_launch_ahead(batch):
             queued = self.runner.launch(batch, ids_from=pending)
@@ -309,15 +306,15 @@ class LLMEngine:
             )
         )
 
-    def _may_schedule_past(self, seqs: list[Sequence]) -> bool:
-        """Whether the next step may be scheduled before the queued one (which samples
-        ``seqs``, each ending in a placeholder) is read: none is certain to stop at its
-        placeholder (a stop token or string still may: that sequence's extra token is
-        dropped)."""
-        return all(
-            s.is_finished
-            or (s.num_output_tokens < s.sampling_params.max_tokens and s.num_tokens < self.max_model_len)
-            for s in seqs
+    def _certain_stops(self, seqs: list[Sequence]) -> frozenset[int]:
+        """The sequences of the queued step (``seqs``, each ending in a placeholder) certain
+        to stop at their placeholder (``max_tokens``, ``--max-model-len``): the next step
+        leaves them out rather than run past the stop. (A stop token or string is not
+        certain: such a sequence's extra token is computed and dropped.)"""
+        return frozenset(
+            s.seq_id for s in seqs
+            if not s.is_finished
+            and (s.num_output_tokens >= s.sampling_params.max_tokens or s.num_tokens >= self.max_model_len)
         )
 
     @staticmethod

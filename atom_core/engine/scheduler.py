@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from atom_core.config import SchedulerConfig
@@ -131,8 +131,10 @@ class Scheduler:
 
     # ---- scheduling ----------------------------------------------------------------------
 
-    def schedule(self) -> ScheduledBatch:
-        """Pick the next step: running sequences first (FCFS), then new admissions."""
+    def schedule(self, skip: Collection[int] = ()) -> ScheduledBatch:
+        """Pick the next step: running sequences first (FCFS), then new admissions. ``skip``:
+        ids of running sequences to leave out (with --async-scheduling, those whose queued
+        step's token is certain to be their last)."""
         batch = ScheduledBatch(scheduled_at=self.clock())
         budget = self.max_num_batched_tokens
 
@@ -140,7 +142,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            if n <= 0:  # nothing to compute (the engine has not appended yet): skip
+            if n <= 0 or seq.seq_id in skip:  # nothing to compute (or nothing more to): skip
                 i += 1
                 continue
             if not self._allocate_or_preempt(seq, n, batch):
@@ -166,25 +168,6 @@ class Scheduler:
                 batch.add(seq, n)
                 budget -= n
         return batch
-
-    def can_admit(self) -> bool:
-        """Whether ``schedule()`` may admit a waiting sequence: one waits, and fewer than
-        max_num_seqs run (the KV cache may still turn it away)."""
-        return bool(self.waiting) and len(self.running) < self.max_num_seqs
-
-    def decodes_unchanged(self) -> bool:
-        """Whether ``schedule()`` would now give every running sequence (in order) exactly one
-        token and change nothing else: no waiting sequence can join (``can_admit``), and the
-        token budget and the free blocks cover them all (so no preemption)."""
-        if self.can_admit() or not self.running or len(self.running) > self.max_num_batched_tokens:
-            return False
-        bs = self.block_manager.block_size
-        needed = 0
-        for seq in self.running:
-            if seq.num_uncomputed_tokens != 1:
-                return False
-            needed += max(0, -(-(seq.num_computed_tokens + 1) // bs) - len(seq.block_table))
-        return needed <= self.block_manager.num_free_blocks
 
     def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Allocate for running seq, preempting the most recent running sequences until it

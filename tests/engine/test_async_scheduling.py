@@ -60,7 +60,9 @@ def test_greedy_equals_sync_and_transformers_with_staggered_lengths():
     assert [len(o["token_ids"]) for o in outs] == lengths
     hf = hf_greedy(hf_model(tiny_model_dir("qwen3")), ps, max(lengths))
     assert [o["token_ids"] for o in outs] == [h[:n] for h, n in zip(hf, lengths)]
-    assert sum(ahead) >= 15  # most decode steps really ran ahead
+    # Every step after the first is queued behind the one before: a request reaching
+    # max_tokens sits the next step out instead of draining the pipeline for all.
+    assert ahead == [0] + [1] * (max(lengths) - 1)
     assert all_blocks_free(eng)
 
 
