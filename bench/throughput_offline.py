@@ -60,8 +60,8 @@ class StepClock:
         self._schedule = engine.scheduler.schedule
         engine.scheduler.schedule = self._look
 
-    def _look(self):
-        batch = self._schedule()
+    def _look(self, *args, **kwargs):
+        batch = self._schedule(*args, **kwargs)
         prefill = any(n != 1 or s.num_computed_tokens + 1 != s.num_tokens
                       for s, n in zip(batch.seqs, batch.num_scheduled_tokens))
         self._kind = None if not batch.seqs else "prefill" if prefill else "decode"
