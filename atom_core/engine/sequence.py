@@ -98,6 +98,8 @@ class Sequence:
     def resolve_placeholder(self, token_id: int) -> None:
         assert self.token_ids[-1] == PLACEHOLDER_TOKEN, "no placeholder to resolve"
         self.token_ids[-1] = token_id
+        if self.first_token_time is None:  # a prefill queued ahead: its token arrives now
+            self.first_token_time = time.perf_counter()
 
     def block_tokens(self, i: int, block_size: int) -> list[int]:
         return self.token_ids[i * block_size : (i + 1) * block_size]

@@ -261,3 +261,13 @@ def test_prompt_logprobs_step_runs_on_its_own():
     ]
     assert owing_ahead and not any(owing_ahead)
     assert sum(ahead) > 0
+
+
+def test_first_token_time_is_set_when_a_queued_prefill_is_read():
+    # The prefill runs ahead too, so a request's first token arrives as a resolved
+    # placeholder: TTFT and TPOT must still come from when the host read each token.
+    eng = engine(True)
+    outs = eng.generate(prompts(2, seed=9), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    for o in outs:
+        assert 0 < o["ttft"] < o["latency"]
+        assert o["tpot"] > 0 and o["ttft"] + 11 * o["tpot"] == pytest.approx(o["latency"])
