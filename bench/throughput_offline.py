@@ -150,6 +150,9 @@ def bench_atom(results: dict) -> None:
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    engine.warmup()  # as the server does before it takes requests
+    results["atom_warmup_s"] = time.perf_counter() - t0
     ps = random_prompts(ARGS.num_prompts, ARGS.input_len, vocab)
     engine.generate(random_prompts(8, ARGS.input_len, vocab, 1), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0.0, max_tokens=ARGS.output_len, ignore_eos=True)

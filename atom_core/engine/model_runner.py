@@ -18,6 +18,7 @@ from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
 from atom_core.engine.step_inputs import eager_inputs
 from atom_core.layers.context import forward_context
 from atom_core.layers.sampler import Sampler, SamplerOutput, SamplingBatch, prompt_logprobs
+from atom_core.layers.transfer import host_to_device
 from atom_core.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -229,8 +230,9 @@ class ModelRunner:
         else:
             fill_rows, fill_from = _fill_map(seqs, range(n), ids_from)
             if fill_rows:
-                ids = inputs.input_ids(n)
-                ids.index_copy_(0, _index(fill_rows, self.device), ids_from.sampled.index_select(0, _index(fill_from, self.device)))
+                rows = host_to_device(fill_rows, torch.long, self.device)
+                src = host_to_device(fill_from, torch.long, self.device)
+                inputs.input_ids(n).index_copy_(0, rows, ids_from.sampled.index_select(0, src))
         # Built before the forward is queued, so its small copies go ahead of it; reused
         # while the batch is unchanged.
         sbatch = self._decode_sampling_batch(seqs)
@@ -335,8 +337,3 @@ def _fill_map(seqs: list[Sequence], last_rows, ids_from: PendingStep | None) -> 
         src.append(index[s.seq_id])
     return rows, src
 
-
-def _index(values: list[int], device: torch.device) -> torch.Tensor:
-    """A small index tensor on the device, copied without making the host wait."""
-    host = torch.tensor(values, dtype=torch.long)
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)

@@ -16,26 +16,15 @@ import torch
 from torch import Tensor, nn
 
 from atom_core.engine.sequence import Logprob
+from atom_core.layers.transfer import host_to_device
 from atom_core.ops import resolve_op
 from atom_core.sampling_params import SamplingParams
-
-
-def _tensor(values: list, dtype: torch.dtype, device: torch.device | str | None) -> Tensor:
-    """``torch.tensor(values, device=device)`` without its wait: a copy from pageable memory
-    makes the host wait for the GPU to drain, and the engine builds a step's sampling
-    tensors while the step before it runs. The pinned block is torch's caching host
-    allocator's, which does not reuse it before the copy has run."""
-    host = torch.tensor(values, dtype=dtype)
-    device = torch.device(device) if device is not None else host.device
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 def _padded(rows: list[list[int]], device: torch.device | str | None) -> Tensor:
     """Rows of token ids as one [B, L] tensor, padded with -1 (mapped to a dummy column later)."""
     width = max((len(r) for r in rows), default=0)
-    return _tensor([r + [-1] * (width - len(r)) for r in rows], torch.long, device)
+    return host_to_device([r + [-1] * (width - len(r)) for r in rows], torch.long, device)
 
 
 @dataclass
@@ -82,7 +71,7 @@ class SamplingBatch:
         logits' device) or None; the engine passes the same object every step."""
 
         def floats(values: list[float]) -> Tensor:
-            return _tensor(values, torch.float32, device)
+            return host_to_device(values, torch.float32, device)
 
         greedy = [p.greedy for p in params]
         rep = [p.repetition_penalty for p in params]
@@ -102,9 +91,9 @@ class SamplingBatch:
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
             ),
             top_p=floats([p.top_p for p in params]),
-            top_k=_tensor([p.top_k for p in params], torch.long, device),
+            top_k=host_to_device([p.top_k for p in params], torch.long, device),
             min_p=floats([p.min_p for p in params]),
-            greedy=_tensor(greedy, torch.bool, device),
+            greedy=host_to_device(greedy, torch.bool, device),
             repetition_penalty=None,
             presence_penalty=None,
             frequency_penalty=None,

@@ -271,3 +271,29 @@ def test_first_token_time_is_set_when_a_queued_prefill_is_read():
     for o in outs:
         assert 0 < o["ttft"] < o["latency"]
         assert o["tpot"] > 0 and o["ttft"] + 11 * o["tpot"] == pytest.approx(o["latency"])
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_scheduling):
+    # The Triton attention kernels of a mixed step are specialised on its number of decodes
+    # (the KV split count): warm-up compiles them all before serving starts.
+    eng = engine(async_scheduling, max_num_seqs=20)
+    seen: set[int] = set()
+    launch = eng.runner.launch
+
+    def spy(batch, ids_from=None):
+        lens = batch.num_scheduled_tokens
+        if max(lens) > 1:
+            seen.add(sum(1 for n in lens if n == 1))
+        return launch(batch, ids_from=ids_from)
+
+    eng.runner.launch = spy
+    eng.warmup()
+    assert {1, 2, 4, 8, 16} <= seen
+    assert eng.is_finished() and not eng._requests and all_blocks_free(eng)
+    assert eng.block_manager.prefix_cache_queries == 0
+    ps = prompts(2, seed=10)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    assert [o["token_ids"] for o in eng.generate(ps, params)] == [
+        o["token_ids"] for o in engine(False).generate(ps, params)
+    ]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.attention.mla import MLABackend
+from atom_core.layers.transfer import host_to_device
 
 
 class NativeMLABackend(MLABackend):
@@ -48,8 +49,8 @@ class NativeMLABackend(MLABackend):
         out = q_nope.new_empty(num_tokens, self.num_heads, self.v_head_dim)
         decodes = [i for i in range(meta.num_seqs) if starts[i + 1] - starts[i] == 1]
         if decodes:
-            seqs = torch.tensor(decodes, device=q_nope.device)
-            rows = torch.tensor([starts[i] for i in decodes], device=q_nope.device)
+            seqs = host_to_device(decodes, torch.long, q_nope.device)
+            rows = host_to_device([starts[i] for i in decodes], torch.long, q_nope.device)
             lens = [seq_lens[i] for i in decodes]
             out[rows] = self._decode(
                 q_nope[rows], q_pe[rows], kv_b_weight, kv_cache, meta.block_tables[seqs],

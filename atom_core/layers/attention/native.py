@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from atom_core.layers.attention.backend import AttentionBackend
 from atom_core.layers.attention.metadata import AttentionMetadata
+from atom_core.layers.transfer import host_to_device
 from atom_core.ops.native.kv_cache import write_kv_cache
 
 
@@ -53,8 +54,8 @@ class NativeAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
         decodes = [i for i in range(meta.num_seqs) if starts[i + 1] - starts[i] == 1]
         if decodes:
-            seqs = torch.tensor(decodes, device=q.device)
-            rows = torch.tensor([starts[i] for i in decodes], device=q.device)
+            seqs = host_to_device(decodes, torch.long, q.device)
+            rows = host_to_device([starts[i] for i in decodes], torch.long, q.device)
             lens = [seq_lens[i] for i in decodes]
             out[rows] = self._decode(
                 q[rows], kv_cache, meta.block_tables[seqs], meta.seq_lens[seqs], min(lens), max(lens)

@@ -12,6 +12,7 @@ import torch
 
 from atom_core.layers.attention.backend import AttentionBackend, QKNormRope
 from atom_core.layers.attention.metadata import AttentionMetadata
+from atom_core.layers.transfer import host_to_device
 from atom_core.ops.triton.decode_attention import (
     PRELOAD_MIN_SPLITS,
     NewTokenInput,
@@ -120,9 +121,10 @@ class TritonAttentionBackend(AttentionBackend):
             lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
             dec = [i for i, n in enumerate(lens) if n == 1]
             pre = [i for i, n in enumerate(lens) if n > 1]
-            both = torch.tensor(dec + pre, dtype=torch.int32)
-            if device.type == "cuda":
-                both = both.pin_memory().to(device, non_blocking=True)
-            plan = (both[: len(dec)], both[len(dec) :])
+            # The prefill indices start 16-byte aligned: Triton compiles a kernel variant per
+            # pointer alignment, and the number of decodes before them varies every step.
+            gap = -len(dec) % 4
+            both = host_to_device(dec + [0] * gap + pre, torch.int32, device)
+            plan = (both[: len(dec)], both[len(dec) + gap :])
             setattr(meta, _PLAN, plan)
         return plan
