@@ -58,12 +58,13 @@ class SchedulerConfig:
         0.0, ("--scheduler-delay-factor",),
         "wait this fraction of the last step's latency before admitting a new prompt, to batch arrivals",
     )
-    # On by default: measured on an H200, it takes 0.1-0.4 ms off every decode step
-    # (bench/RESULTS.md); --no-async-scheduling gives the one-step-at-a-time engine.
+    # On by default: measured on an H200, it takes 0.1-0.4 ms off every decode step and
+    # ~5% off an offline run's wall (bench/RESULTS.md); --no-async-scheduling gives the
+    # one-step-at-a-time engine.
     async_scheduling: bool = opt(
         True, ("--async-scheduling",),
-        "GPU decode: schedule and queue step k+1 before reading step k's tokens, so the host's "
-        "work overlaps the GPU's (a stop is seen one step late; that step's token is dropped)",
+        "GPU: schedule and queue step k+1 before reading step k's tokens, so the host's work "
+        "overlaps the GPU's (a stop token or string is seen one step late; that step's token is dropped)",
         boolean_optional=True,
     )
 

@@ -284,7 +284,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="eager decode steps over which MoE experts touched are counted")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
-                   help="run steady decode one step ahead (the engine's default)")
+                   help="run every step one ahead (the engine's default)")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-batch-sizes", nargs="+", type=int, default=None,

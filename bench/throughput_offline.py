@@ -246,7 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs, help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
-                   help="run steady decode one step ahead (the engine's default)")
+                   help="run every step one ahead (the engine's default)")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-batches", type=int, default=2, help="0 skips transformers")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")
