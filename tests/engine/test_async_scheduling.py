@@ -297,3 +297,30 @@ def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_schedul
     assert [o["token_ids"] for o in eng.generate(ps, params)] == [
         o["token_ids"] for o in engine(False).generate(ps, params)
     ]
+
+
+def test_prefix_cache_hits_on_blocks_a_queued_step_writes():
+    # A prompt admitted while the step prefilling its twin is still queued hits the twin's
+    # blocks (committed when that step was queued); its reads are queued behind the writes.
+    base = prompts(1, seed=11)[0] * 3  # 40-90 tokens: several full blocks of 4
+    ps = [base + [1], base + [2], base + [3, 4]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    kw = dict(enable_prefix_caching=True, max_num_batched_tokens=32)
+    sync = engine(False, **kw)
+    ref = [o["token_ids"] for o in sync.generate(ps, params)]
+    eng = engine(True, **kw)
+    got: dict[str, list[int]] = {}
+
+    def collect(out):
+        got.setdefault(out.request_id, []).extend(out.token_ids)
+
+    rids = eng.add_request(ps[:1], params, stream_callback=collect)
+    for _ in range(3):
+        eng.step()
+    rids += eng.add_request(ps[1:], params, stream_callback=collect)
+    while not eng.is_finished():
+        eng.step()
+    assert [got[r] for r in rids] == ref
+    assert eng.block_manager.prefix_cache_hits > 0
+    hf = hf_greedy(hf_model(tiny_model_dir("qwen3")), ps, 8)
+    assert [got[r] for r in rids] == hf
