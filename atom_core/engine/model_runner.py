@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -185,7 +186,9 @@ class ModelRunner:
         rows_at = [0]
         for n in counts:
             rows_at.append(rows_at[-1] + n)
-        last_rows = [rows_at[i] + s.num_tokens - 1 - st for i, (s, st) in enumerate(zip(seqs, starts))]
+        # The row of each sequence's newest token, where this step computes it.
+        last_rows = [rows_at[i] + n - 1 if st + n == s.num_tokens else None
+                     for i, (s, st, n) in enumerate(zip(seqs, starts, counts))]
         inputs = eager_inputs(
             [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs], self.block_size,
             self.device, sampling, _fill_map(seqs, last_rows, ids_from),
@@ -200,8 +203,8 @@ class ModelRunner:
         prompt_lps: dict[int, list[Logprob | None]] = {}
         self._prompt_logprobs(seqs, starts, counts, inputs.meta.query_start_loc_cpu, hidden, prompt_lps)
         if sbatch is None:
-            empty = torch.empty(0, dtype=torch.long)
-            return PendingStep([], empty.to(self.device), empty, None, [], prompt_lps)
+            nothing = torch.empty(0, dtype=torch.long, device=self.device)
+            return PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [], prompt_lps)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
         pending = self._send_back(chosen, self.sampler(logits, sbatch))
         pending.prompt_logprobs = prompt_lps
@@ -322,16 +325,19 @@ class ModelRunner:
         return gen
 
 
-def _fill_map(seqs: list[Sequence], last_rows, ids_from: PendingStep | None) -> tuple[list[int], list[int]]:
+def _fill_map(
+    seqs: list[Sequence], last_rows: Iterable[int | None], ids_from: PendingStep | None
+) -> tuple[list[int], list[int]]:
     """(rows, indices): the flat input rows holding a placeholder (each sequence's newest
-    token, at ``last_rows[i]``) and where ``ids_from`` sampled them."""
+    token, at ``last_rows[i]``; None where the step does not compute it) and where
+    ``ids_from`` sampled them."""
     rows: list[int] = []
     src: list[int] = []
     index = {s.seq_id: j for j, s in enumerate(ids_from.seqs)} if ids_from is not None else {}
     for s, row in zip(seqs, last_rows):
         if s.token_ids[-1] != PLACEHOLDER_TOKEN:
             continue
-        if s.seq_id not in index:
+        if s.seq_id not in index or row is None:
             raise RuntimeError(f"sequence {s.request_id} ends in a placeholder no queued step samples")
         rows.append(row)
         src.append(index[s.seq_id])
