@@ -246,7 +246,9 @@ class LLMEngine:
                and d * -(-4 // bs) + -(-19 // bs) <= self.block_manager.num_blocks):
             short = self.add_request([[0]] * d, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
             self.step()
-            joined = self.add_request([[0] * 17], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+            # Its own tokens each round, so that a prefix cache cannot turn it into a decode.
+            prompt = [(d * 17 + j) % self.hf_config.vocab_size for j in range(17)]
+            joined = self.add_request([prompt], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
             while any(r in self._requests for r in short + joined):
                 self.step()
             d *= 2

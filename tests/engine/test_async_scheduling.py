@@ -273,11 +273,11 @@ def test_first_token_time_is_set_when_a_queued_prefill_is_read():
         assert o["tpot"] > 0 and o["ttft"] + 11 * o["tpot"] == pytest.approx(o["latency"])
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_scheduling):
+@pytest.mark.parametrize("async_scheduling,prefix_caching", [(True, True), (False, False)])
+def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_scheduling, prefix_caching):
     # The Triton attention kernels of a mixed step are specialised on its number of decodes
     # (the KV split count): warm-up compiles them all before serving starts.
-    eng = engine(async_scheduling, max_num_seqs=20)
+    eng = engine(async_scheduling, max_num_seqs=20, enable_prefix_caching=prefix_caching)
     seen: set[int] = set()
     launch = eng.runner.launch
 
