@@ -182,16 +182,10 @@ class ModelRunner:
     def _launch_eager(self, batch: ScheduledBatch, ids_from: PendingStep | None) -> PendingStep:
         seqs, counts = batch.seqs, batch.num_scheduled_tokens
         starts = [s.num_computed_tokens for s in seqs]
-        sampling = [i for i, (s, st, n) in enumerate(zip(seqs, starts, counts)) if st + n == s.num_tokens]
-        rows_at = [0]
-        for n in counts:
-            rows_at.append(rows_at[-1] + n)
-        # The row of each sequence's newest token, where this step computes it.
-        last_rows = [rows_at[i] + n - 1 if st + n == s.num_tokens else None
-                     for i, (s, st, n) in enumerate(zip(seqs, starts, counts))]
+        sampling = [i for i, last in enumerate(batch.sample_mask) if last]
         inputs = eager_inputs(
             [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs], self.block_size,
-            self.device, sampling, _fill_map(seqs, last_rows, ids_from),
+            self.device, sampling, _fill_map(seqs, sampling, ids_from),
         )
         if inputs.fill_rows.numel():
             inputs.input_ids.index_copy_(0, inputs.fill_rows, ids_from.sampled.index_select(0, inputs.fill_from))
@@ -231,10 +225,9 @@ class ModelRunner:
         if ids_from is not None and ids_from.seqs == seqs:  # a steady batch: all of them, in order
             inputs.input_ids(n).copy_(ids_from.sampled)
         else:
-            fill_rows, fill_from = _fill_map(seqs, range(n), ids_from)
-            if fill_rows:
-                rows = host_to_device(fill_rows, torch.long, self.device)
-                src = host_to_device(fill_from, torch.long, self.device)
+            fill = _fill_map(seqs, range(n), ids_from)  # row i is sequence i's token
+            if fill[0]:
+                rows, src = host_to_device(list(fill), torch.long, self.device)
                 inputs.input_ids(n).index_copy_(0, rows, ids_from.sampled.index_select(0, src))
         # Built before the forward is queued, so its small copies go ahead of it; reused
         # while the batch is unchanged.
@@ -326,20 +319,20 @@ class ModelRunner:
 
 
 def _fill_map(
-    seqs: list[Sequence], last_rows: Iterable[int | None], ids_from: PendingStep | None
+    seqs: list[Sequence], computing_newest: Iterable[int], ids_from: PendingStep | None
 ) -> tuple[list[int], list[int]]:
-    """(rows, indices): the flat input rows holding a placeholder (each sequence's newest
-    token, at ``last_rows[i]``; None where the step does not compute it) and where
-    ``ids_from`` sampled them."""
-    rows: list[int] = []
-    src: list[int] = []
+    """(i, j) pairs as two lists: sequence ``seqs[i]`` ends in a placeholder, and ``ids_from``
+    sampled its token at index j. ``computing_newest``: the sequences whose newest token the
+    step computes (a placeholder is always the newest; one elsewhere is a bug)."""
     index = {s.seq_id: j for j, s in enumerate(ids_from.seqs)} if ids_from is not None else {}
-    for s, row in zip(seqs, last_rows):
+    computing = set(computing_newest)
+    seq_rows: list[int] = []
+    src: list[int] = []
+    for i, s in enumerate(seqs):
         if s.token_ids[-1] != PLACEHOLDER_TOKEN:
             continue
-        if s.seq_id not in index or row is None:
+        if s.seq_id not in index or i not in computing:
             raise RuntimeError(f"sequence {s.request_id} ends in a placeholder no queued step samples")
-        rows.append(row)
+        seq_rows.append(i)
         src.append(index[s.seq_id])
-    return rows, src
-
+    return seq_rows, src

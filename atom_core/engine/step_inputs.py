@@ -82,9 +82,9 @@ def eager_inputs(
 ) -> EagerInputs:
     """Sequence i computes tokens ``starts[i]`` to ``starts[i] + counts[i]`` of
     ``token_rows[i]``, over block table ``tables[i]`` (covering those tokens). ``sample``:
-    the sequences whose last computed row is sampled. ``fill``: (flat rows, indices) of
-    input ids taken on the device from the previous step's sampled ids. ``token_rows`` None:
-    no ids (a profiling run)."""
+    the sequences whose last computed row is sampled. ``fill``: (sequences, indices): the
+    input id of each such sequence's last computed row is taken on the device from the
+    previous step's sampled ids at that index. ``token_rows`` None: no ids (a profiling run)."""
     n = len(counts)
     lens = np.asarray(counts, dtype=np.int64)
     first = np.asarray(starts, dtype=np.int64)
@@ -111,8 +111,8 @@ def eager_inputs(
     lens_at = pack.add(seq_lens.astype(np.int32))
     tables_at = pack.add(table_rows.reshape(-1))
     sample_at = pack.add(qsl[1:][np.asarray(sample or [], dtype=np.int64)] - 1)
-    fill_rows, fill_from = fill or ([], [])
-    fill_rows_at = pack.add(np.asarray(fill_rows, dtype=np.int64))
+    fill_seqs, fill_from = fill or ([], [])
+    fill_rows_at = pack.add(qsl[1:][np.asarray(fill_seqs, dtype=np.int64)] - 1)
     fill_from_at = pack.add(np.asarray(fill_from, dtype=np.int64))
     dev = pack.send(device)
     meta = AttentionMetadata(
