@@ -7,6 +7,8 @@ on small shapes; skipped where triton is not installed."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -211,3 +213,18 @@ def test_prefill_kernel_head_dims(head_dim):
 
 def test_prefill_kernel_only_selected_sequences():
     prefill_case([20, 33, 1, 9], [20, 80, 4, 30], 4, 2, 16, 8, torch.float32, select=[3, 1])
+
+
+@pytest.mark.parametrize("num_decodes", range(6))
+def test_plan_splits_decodes_from_prefills_with_aligned_prefill_indices(num_decodes):
+    # Triton compiles a kernel variant per pointer alignment: the prefill kernel's index
+    # tensor must start 16-byte aligned whatever the number of decodes before it.
+    lens = [1] * num_decodes + [7, 3] + [1]  # a decode after the prefills too
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    meta = SimpleNamespace(query_start_loc_cpu=starts)
+    decodes, prefills = TritonAttentionBackend._plan(meta, torch.device("cpu"))
+    assert decodes.tolist() == [*range(num_decodes), num_decodes + 2]
+    assert prefills.tolist() == [num_decodes, num_decodes + 1]
+    assert prefills.data_ptr() % 16 == 0 and decodes.dtype == prefills.dtype == torch.int32
