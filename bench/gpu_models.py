@@ -320,6 +320,18 @@ def kernel_table(events: Any, steps: int, device: torch.device, top: int = 25) -
     return sum(r["us_per_step"] for r in rows), rows[:top]
 
 
+def host_api_table(events: Any, steps: int, top: int = 12) -> list[dict]:
+    """The host's time per step in CUDA runtime and driver calls (``cuda*`` / ``cu*``),
+    from a profiler's ``key_averages()``, in the rows ``kernel_table`` gives. A host ahead
+    of the GPU spends its spare time in a synchronize; a host that is the bottleneck spends
+    almost none there."""
+    rows = [{"kernel": evt.key[:90], "us_per_step": evt.self_cpu_time_total / steps, "calls_per_step": evt.count / steps}
+            for evt in events
+            if evt.device_type == torch.autograd.DeviceType.CPU and evt.key.startswith("cu") and evt.self_cpu_time_total > 0]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return rows[:top]
+
+
 def print_kernels(rows: list[dict], top: int = 12) -> None:
     for k in rows[:top]:
         print(f"  {k['us_per_step']:9.1f} us  x{k['calls_per_step']:5.1f}  {k['kernel']}")

@@ -2,7 +2,7 @@
 backend) on the same data.
 
     python bench/prefill_attention.py [--models qwen3-8b qwen3-0.6b] [--cases 16x1024 ...]
-        [--budget-ms 250] [--no-sweep] [--sweep-case qwen3-8b:4x4096]
+        [--budget-ms 250] [--no-sweep] [--sweep-case qwen3-8b:4x4096] [--sweep-tiles 64,64,4,3 ...]
         [--json bench/results/prefill_attention.json]
 
 Each case is a batch of equal sequences in bf16, block size 16, blocks handed out in
@@ -68,11 +68,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the new kernel with the SWEEP tile configs on --sweep-case")
     p.add_argument("--sweep-case", default="qwen3-8b:4x4096", help="MODEL:CASE")
+    p.add_argument("--sweep-tiles", nargs="+", metavar="M,N,WARPS,STAGES",
+                   help="tile configs to sweep instead of SWEEP (BLOCK_M,BLOCK_N,num_warps,num_stages)")
     p.add_argument("--json", default="bench/results/prefill_attention.json")
     args = p.parse_args(argv)
     model, _, case = args.sweep_case.partition(":")
     if model not in MODELS or case not in CASES:
         p.error(f"--sweep-case {args.sweep_case!r}: want MODEL:CASE from {list(MODELS)} and {list(CASES)}")
+    try:
+        args.sweep_tiles = [tuple(int(v) for v in t.split(",", 3)) for t in args.sweep_tiles or []] or SWEEP
+    except ValueError:
+        p.error(f"--sweep-tiles {args.sweep_tiles}: want M,N,WARPS,STAGES integers")
+    if any(len(t) != 4 for t in args.sweep_tiles):
+        p.error(f"--sweep-tiles {args.sweep_tiles}: want four integers each")
     return args
 
 
@@ -180,14 +188,14 @@ def run_case(model: str, case: str, budget_ms: float) -> dict:
     return row
 
 
-def sweep(model: str, case: str, budget_ms: float) -> list[dict]:
+def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int, int, int]]) -> list[dict]:
     """The new kernel under each tile config (the shipped one first), through its module's
     tile_config; a config that fails to compile or run is recorded, not fatal."""
     c, args, _, _, ref = prepared(model, case)
     shipped = kernel_module.tile_config
     rows = []
     try:
-        for tiles in [shipped(DTYPE, 128), *SWEEP]:
+        for tiles in [shipped(DTYPE, 128), *configs]:
             kernel_module.tile_config = lambda dtype, block_d, t=tiles: t
             row = {"model": model, "case": case, "tiles": list(tiles), "shipped": not rows}
             try:
@@ -239,7 +247,7 @@ def main() -> int:
     if args.sweep:
         model, case = args.sweep_case.split(":")
         print(f"tile sweep, new kernel, {model} {case}:")
-        sweep_rows = sweep(model, case, args.budget_ms)
+        sweep_rows = sweep(model, case, args.budget_ms, args.sweep_tiles)
         write(path, info, rows, sweep_rows)
     print(f"wrote {path}")
     return 0 if all(r["ok"] for r in rows) else 1

@@ -35,6 +35,7 @@ from gpu_models import (  # noqa: E402
     config_path,
     free_memory,
     hf_model,
+    host_api_table,
     kernel_table,
     load_config,
     machine,
@@ -121,8 +122,10 @@ def profile_run(engine: Any, prompts: list[list[int]], params: Any, start: int, 
             wall = (time.perf_counter() - t0) / steps
     for rid in rids:
         engine.abort_request(rid)
-    total, rows = kernel_table(prof.key_averages(), steps, engine.device)
+    events = prof.key_averages()
+    total, rows = kernel_table(events, steps, engine.device)
     return {"start": start, "steps": steps, "wall_ms_per_step": wall * 1e3, "gpu_kernel_ms_per_step": total / 1e3,
+            "host_api": host_api_table(events, steps),
             "prefill_steps": clock.steps["prefill"] - before["prefill"],
             "decode_steps": clock.steps["decode"] - before["decode"], "kernels": rows}
 
@@ -147,6 +150,7 @@ def bench_atom(results: dict) -> None:
         enable_log_stats=False, max_model_len=ARGS.input_len + ARGS.output_len + 16,
         max_num_seqs=ARGS.max_num_seqs, max_num_batched_tokens=ARGS.max_num_batched_tokens,
         async_scheduling=ARGS.async_scheduling,
+        **({"cudagraph_capture_sizes": ARGS.cudagraph_capture_sizes} if ARGS.cudagraph_capture_sizes else {}),
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
@@ -221,6 +225,8 @@ def report(results: dict) -> None:
               f"{p['decode_steps']} decode-only; under the profiler): wall {p['wall_ms_per_step']:.2f} ms/step, "
               f"GPU kernels {p['gpu_kernel_ms_per_step']:.2f} ms/step")
         print_kernels(p["kernels"], 20)
+        print("host time in the CUDA runtime (waits show the host ahead of the GPU):")
+        print_kernels(p["host_api"], 8)
 
 
 def main() -> None:
@@ -249,6 +255,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run every step one ahead (the engine's default)")
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--hf-batches", type=int, default=2, help="0 skips transformers")
+    p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
+                   help="decode batch sizes captured as CUDA graphs (default: the engine's)")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")
     p.add_argument("--profile-start", type=int, default=None,
                    help="engine steps before the profiled ones (default: see above)")
