@@ -50,19 +50,25 @@ def parse_samples(lines: list[str]) -> list[tuple[float, float]]:
 
 
 class PowerLog:
-    """``nvidia-smi`` sampling power and SM clock every 100 ms while the block runs."""
+    """``nvidia-smi`` sampling power and SM clock every 100 ms while the block runs; no
+    samples (NaN power and clock in the results) where there is no ``nvidia-smi``."""
 
     def __enter__(self) -> PowerLog:
-        self._proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=power.draw,clocks.sm", "--format=csv,noheader,nounits", "-lms", "100",
-             "-i", str(torch.cuda.current_device())],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.samples: list[tuple[float, float]] = []
+        try:
+            self._proc: subprocess.Popen | None = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=power.draw,clocks.sm", "--format=csv,noheader,nounits", "-lms", "100",
+                 "-i", str(torch.cuda.current_device())],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except FileNotFoundError:
+            self._proc = None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._proc.terminate()
-        out, _ = self._proc.communicate(timeout=10)
-        self.samples = parse_samples(out.splitlines())
+        if self._proc is not None:
+            self._proc.terminate()
+            out, _ = self._proc.communicate(timeout=10)
+            self.samples = parse_samples(out.splitlines())
 
 
 def sustained(fn, seconds: float) -> tuple[int, float]:
@@ -79,6 +85,20 @@ def sustained(fn, seconds: float) -> tuple[int, float]:
     return calls, time.perf_counter() - t0
 
 
+def sustained_gemm(m: int, k: int, n: int, seconds: float) -> dict:
+    """An [m, k] x [k, n] bf16 GEMM (``F.linear``, cuBLAS) back to back for ``seconds``: its
+    rate, and the board's mean power and SM clock once the first second has settled."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    with PowerLog() as log:
+        calls, wall = sustained(functools.partial(torch.nn.functional.linear, x, w), seconds)
+    steady = log.samples[10:] or log.samples  # 100 ms samples
+    watts = sum(s[0] for s in steady) / len(steady) if steady else float("nan")
+    mhz = sum(s[1] for s in steady) / len(steady) if steady else float("nan")
+    return {"m": m, "k": k, "n": n, "calls": calls, "wall_s": wall, "tflops": 2 * m * k * n * calls / wall / 1e12,
+            "watts": watts, "sm_mhz": mhz, "samples": len(log.samples)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3-8b", choices=MODELS)
@@ -92,18 +112,10 @@ def main() -> int:
     rows = []
     print(f"{'GEMM':8s} {'M x K x N':>22s} {'TFLOP/s':>8s} {'watts':>6s} {'SM MHz':>7s}")
     for name, (k, n) in projections(load_config(args.model)).items():
-        x = torch.randn(args.tokens, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-        with PowerLog() as log:
-            calls, wall = sustained(functools.partial(torch.nn.functional.linear, x, w), args.seconds)
-        # The first second is the clocks settling; the steady state is what a long run sees.
-        steady = log.samples[10:] or log.samples
-        watts = sum(s[0] for s in steady) / len(steady) if steady else float("nan")
-        mhz = sum(s[1] for s in steady) / len(steady) if steady else float("nan")
-        tflops = 2 * args.tokens * k * n * calls / wall / 1e12
-        rows.append({"gemm": name, "m": args.tokens, "k": k, "n": n, "calls": calls, "wall_s": wall,
-                     "tflops": tflops, "watts": watts, "sm_mhz": mhz, "samples": len(log.samples)})
-        print(f"{name:8s} {f'{args.tokens}x{k}x{n}':>22s} {tflops:8.1f} {watts:6.0f} {mhz:7.0f}", flush=True)
+        r = {"gemm": name, **sustained_gemm(args.tokens, k, n, args.seconds)}
+        rows.append(r)
+        print(f"{name:8s} {f'{args.tokens}x{k}x{n}':>22s} {r['tflops']:8.1f} {r['watts']:6.0f} {r['sm_mhz']:7.0f}",
+              flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "results": rows}, indent=1))
     print(f"wrote {args.json}")

@@ -180,6 +180,38 @@ def step_bytes(model: torch.nn.Module, batch: int, experts_touched: dict[str, fl
     return total
 
 
+def params_per_token(model: torch.nn.Module, top_k: int = 0) -> int:
+    """Weights one token's forward multiplies by (two FLOPs each): every matrix but the
+    input embedding, the LM head (applied to sampled rows only) and the stacked experts, of
+    which a token uses its ``top_k`` routed experts and every shared slot."""
+    moes = moe_layers(model)
+    stacked = {id(w) for m in moes.values() for w in (m.w13_weight, m.w2_weight)}
+    embed = next((m.weight for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    total = sum(p.numel() for p in model.parameters()
+                if p.dim() == 2 and id(p) not in stacked and p is not embed and p is not head)
+    for moe in moes.values():
+        total += (top_k + expert_slots(moe)[1]) * (moe.w13_weight[0].numel() + moe.w2_weight[0].numel())
+    return total
+
+
+def offline_floor(prompts: int, input_len: int, output_len: int, params: int, head_params: int,
+                  kv_per_token: int, gemm_flops: float, copy_bw: float) -> dict[str, float]:
+    """The least wall time of an offline run of ``prompts`` x (input_len in / output_len out)
+    that does only two things at their ceilings: its GEMMs (2 FLOPs per weight for every
+    token forwarded, the LM head for every sampled one) at ``gemm_flops`` per second, and the
+    decode tokens' KV reads (each decode token reads its whole context) at ``copy_bw`` bytes
+    per second. Attention arithmetic, norms and activations are left out: a floor."""
+    forwarded = prompts * (input_len + output_len - 1)  # the first output token comes from prefill
+    flop = 2.0 * forwarded * params + 2.0 * prompts * output_len * head_params
+    contexts = sum(input_len + t for t in range(1, output_len))  # decode token t sees input_len + t
+    kv = float(prompts * contexts * kv_per_token)
+    gemm_s, kv_s = flop / gemm_flops, kv / copy_bw
+    return {"gemm_pflop": flop / 1e15, "kv_tb": kv / 1e12, "gemm_tflops": gemm_flops / 1e12,
+            "copy_tb_s": copy_bw / 1e12, "gemm_s": gemm_s, "kv_s": kv_s, "floor_s": gemm_s + kv_s,
+            "floor_tok_s": prompts * (input_len + output_len) / (gemm_s + kv_s)}
+
+
 class ExpertCounter:
     """Forward hooks on every FusedMoE that record, per call, how many distinct routed
     experts the step's tokens chose (``topk_ids``; shared slots excluded, step_bytes adds

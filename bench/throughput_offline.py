@@ -1,7 +1,8 @@
 """Offline throughput: N random prompts through ATOM's engine vs transformers' static batching.
 
     python bench/throughput_offline.py [--model qwen3-8b] [--num-prompts 1024] [--input-len 1024]
-        [--output-len 128] [--hf-batch-size 64] [--hf-batches 2] [--profile 16] [--json ...]
+        [--output-len 128] [--hf-batch-size 64] [--hf-batches 2] [--floor-seconds 4] [--profile 16]
+        [--json ...]
 
 Total tok/s = (prompt + generated tokens) / wall time of the whole run (the figure vLLM's
 offline throughput benchmark prints). The run steps the engine until every prompt is done
@@ -9,6 +10,12 @@ offline throughput benchmark prints). The run steps the engine until every promp
 prompt tokens (prefill, decodes possibly beside it) and decode-only steps. transformers runs
 fixed batches of --hf-batch-size prompts (static cache, greedy, every sequence to
 --output-len); its rate is measured over --hf-batches batches (the same for every batch).
+
+Beside them it prints the run's floor (``gpu_models.offline_floor``): its GEMMs at the bf16
+rate this GPU sustains at its power limit (one step's tokens by the hidden size by four,
+timed for --floor-seconds after the engine is gone) plus the decode tokens' KV reads at the
+copy bandwidth, both measured in the same run; attention, norms and activations are not in
+it, so no engine reaches it.
 
 ``--profile N`` replays the run's start afterwards (fresh prompts, same shapes) and profiles
 N engine steps from --profile-start on (default: around the end of the first wave of
@@ -30,15 +37,20 @@ from atom_core.config import SchedulerConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from decode_latency import hf_generate  # noqa: E402
+from gemm_power import sustained_gemm  # noqa: E402
 from gpu_models import (  # noqa: E402
     MODELS,
     config_path,
+    copy_bandwidth,
     free_memory,
     hf_model,
     host_api_table,
     kernel_table,
+    kv_bytes_per_token,
     load_config,
     machine,
+    offline_floor,
+    params_per_token,
     print_kernels,
     profiler_activities,
     random_prompts,
@@ -154,6 +166,13 @@ def bench_atom(results: dict) -> None:
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
+    cfg = load_config(ARGS.model)
+    head = getattr(getattr(engine.runner.model, "lm_head", None), "weight", None)
+    results["model_size"] = {
+        "params_per_token": params_per_token(engine.runner.model, cfg.get("num_experts_per_tok") or 0),
+        "lm_head_params": head.numel() if head is not None else 0,
+        "kv_bytes_per_token": kv_bytes_per_token(cfg),
+    }
     t0 = time.perf_counter()
     engine.warmup()  # as the server does before it takes requests
     results["atom_warmup_s"] = time.perf_counter() - t0
@@ -172,6 +191,21 @@ def bench_atom(results: dict) -> None:
     if ARGS.profile:
         fresh = random_prompts(ARGS.num_prompts, ARGS.input_len, vocab, 2)
         results["profile"] = profile_run(engine, fresh, params, profile_start(), ARGS.profile)
+
+
+@torch.inference_mode()
+def bench_floor(results: dict) -> None:
+    """The run's physical floor (gpu_models.offline_floor) from two ceilings measured here:
+    a bf16 GEMM of one step's tokens sustained for --floor-seconds (the board settles at its
+    power limit, as a long run's prefill does) and the copy bandwidth."""
+    hidden = load_config(ARGS.model)["hidden_size"]
+    gemm = sustained_gemm(ARGS.max_num_batched_tokens, hidden, 4 * hidden, ARGS.floor_seconds)
+    size = results["model_size"]
+    results["floor"] = {
+        "gemm": gemm,
+        **offline_floor(ARGS.num_prompts, ARGS.input_len, ARGS.output_len, size["params_per_token"],
+                        size["lm_head_params"], size["kv_bytes_per_token"], gemm["tflops"] * 1e12, copy_bandwidth()),
+    }
 
 
 @torch.inference_mode()
@@ -215,6 +249,13 @@ def report(results: dict) -> None:
         h = results["hf"]
         print(f"| transformers (static, bs {h['batch_size']}) | {h['batches'] * h['batch_size']} | "
               f"{h['wall_s']:.1f} | {h['total_tok_s']:,.0f} | {h['output_tok_s']:,.0f} |")
+    if "floor" in results:
+        f = results["floor"]
+        print(f"| floor: GEMMs + KV reads only | {a['num_prompts']} | {f['floor_s']:.1f} | {f['floor_tok_s']:,.0f} | - |")
+        print(f"\nfloor = {f['gemm_pflop']:.2f} PFLOP of GEMM at {f['gemm_tflops']:.0f} TFLOP/s sustained "
+              f"({f['gemm']['watts']:.0f} W, {f['gemm']['sm_mhz']:.0f} MHz) = {f['gemm_s']:.1f} s, plus "
+              f"{f['kv_tb']:.1f} TB of decode KV reads at {f['copy_tb_s']:.2f} TB/s = {f['kv_s']:.1f} s; "
+              f"ATOM at {f['floor_s'] / a['wall_s']:.0%} of it")
     print("\nATOM's wall time by step kind:")
     for kind, s in a["steps"].items():
         print(f"  {kind:8s} {s['steps']:6d} steps  {s['wall_s']:8.2f} s ({s['wall_s'] / a['wall_s']:.0%})  "
@@ -234,6 +275,8 @@ def main() -> None:
     bench_atom(results)  # returns with the engine gone: transformers' model never shares the GPU
     results["gpu_bytes_after_engine"] = free_memory()
     print(f"{results['gpu_bytes_after_engine'] / 2**30:.2f} GiB still allocated after the engine", flush=True)
+    if ARGS.floor_seconds > 0:
+        bench_floor(results)
     Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
     Path(ARGS.json).write_text(json.dumps(results, indent=1))
     if ARGS.hf_batches > 0:
@@ -260,6 +303,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")
     p.add_argument("--profile-start", type=int, default=None,
                    help="engine steps before the profiled ones (default: see above)")
+    p.add_argument("--floor-seconds", type=float, default=4.0,
+                   help="how long the GEMM ceiling behind the printed floor runs (0: no floor)")
     p.add_argument("--json", default="bench/results/throughput_offline.json")
     return p.parse_args(argv)
 

@@ -223,3 +223,44 @@ def test_decode_latency_prefills_each_batch_in_one_step():
     assert decode_latency.token_budget(128, 512) == 128 * 512
     assert decode_latency.token_budget(1, 512) == default
     assert decode_latency.token_budget(512, 4096) == decode_latency.MAX_TOKEN_BUDGET
+
+
+def test_params_per_token_counts_the_matrices_a_token_multiplies(build):
+    # Qwen3-8B by hand: 36 layers of q/k/v, o_proj, gate/up and down; norms are vectors, and
+    # the embedding and the LM head are left out.
+    model = gpu_models.hf_model("qwen3-8b", device="meta")
+    assert gpu_models.params_per_token(model) == 36 * (4096 * 6144 + 4096 * 4096 + 4096 * 24576 + 12288 * 4096)
+    # Each routed expert a token picks adds its 3 * H * I weights in each of the two MoE layers.
+    for kind in ARCH:
+        engine, cfg = build(kind)
+        model, k = engine.runner.model, cfg["num_experts_per_tok"]
+        extra = gpu_models.params_per_token(model, k) - gpu_models.params_per_token(model, 0)
+        assert extra == 2 * k * 3 * 64 * 32
+
+
+def test_offline_floor_by_hand():
+    f = gpu_models.offline_floor(2, 4, 3, params=10, head_params=5, kv_per_token=7, gemm_flops=1e3, copy_bw=1e2)
+    # 2 x (4 + 3 - 1) tokens forwarded x 2 x 10 FLOP, the LM head 2 x 3 sampled x 2 x 5: 300 FLOP.
+    assert f["gemm_s"] == pytest.approx(0.3)
+    # The two decode tokens of each prompt see 5 and 6 tokens of 7 bytes: 154 bytes.
+    assert f["kv_s"] == pytest.approx(1.54)
+    assert f["floor_s"] == pytest.approx(1.84) and f["floor_tok_s"] == pytest.approx(14 / 1.84)
+    # The offline benchmark's run: 20.9 TB of decode KV for Qwen3-8B (147,456 bytes a token).
+    kv = gpu_models.kv_bytes_per_token(gpu_models.load_config("qwen3-8b"))
+    f = gpu_models.offline_floor(1024, 1024, 128, 1, 0, kv, 1.0, 1.0)
+    assert f["kv_tb"] == pytest.approx(1024 * 127 * 1088 * 147456 / 1e12)
+
+
+def test_offline_report_prints_the_floor_beside_the_run(capsys):
+    floor = gpu_models.offline_floor(1024, 1024, 128, 6_945_767_424, 4096 * 151936, 147456, 666e12, 4.27e12)
+    results = {
+        "atom": {"num_prompts": 1024, "wall_s": 33.0, "total_tok_s": 35_747, "output_tok_s": 3_972,
+                 "steps": {"prefill": {"steps": 66, "wall_s": 25.0, "ms_per_step": 378.8},
+                           "decode": {"steps": 223, "wall_s": 8.0, "ms_per_step": 35.9}}},
+        "floor": {"gemm": {"watts": 690.0, "sm_mhz": 1450.0}, **floor},
+    }
+    throughput_offline.report(results)
+    out = capsys.readouterr().out
+    assert f"| floor: GEMMs + KV reads only | 1024 | {floor['floor_s']:.1f} |" in out
+    assert f"ATOM at {floor['floor_s'] / 33.0:.0%} of it" in out
+    assert 29.0 < floor["floor_s"] < 30.0  # 24.6 s of GEMM at 666 TFLOP/s + 4.9 s of KV
