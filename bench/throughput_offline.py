@@ -15,7 +15,9 @@ Beside them it prints the run's floor (``gpu_models.offline_floor``): its GEMMs 
 rate this GPU sustains at its power limit (one step's tokens by the hidden size by four,
 timed for --floor-seconds after the engine is gone) plus the decode tokens' KV reads at the
 copy bandwidth, both measured in the same run; attention, norms and activations are not in
-it, so no engine reaches it.
+it. The GEMM rate is the board's steady state under GEMMs alone: in a run the lighter
+kernels between them let the clock recover, and a profile can show the prefill GEMMs above
+it (bench/RESULTS.md), so the floor is the reference a run is measured against, not a bound.
 
 ``--profile N`` replays the run's start afterwards (fresh prompts, same shapes) and profiles
 N engine steps from --profile-start on (default: around the end of the first wave of
