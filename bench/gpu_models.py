@@ -197,11 +197,11 @@ def params_per_token(model: torch.nn.Module, top_k: int = 0) -> int:
 
 def offline_floor(prompts: int, input_len: int, output_len: int, params: int, head_params: int,
                   kv_per_token: int, gemm_flops: float, copy_bw: float) -> dict[str, float]:
-    """The least wall time of an offline run of ``prompts`` x (input_len in / output_len out)
-    that does only two things at their ceilings: its GEMMs (2 FLOPs per weight for every
-    token forwarded, the LM head for every sampled one) at ``gemm_flops`` per second, and the
+    """The wall time of an offline run of ``prompts`` x (input_len in / output_len out) that
+    did only two things, each at a given rate: its GEMMs (2 FLOPs per weight for every token
+    forwarded, the LM head for every sampled one) at ``gemm_flops`` per second, and the
     decode tokens' KV reads (each decode token reads its whole context) at ``copy_bw`` bytes
-    per second. Attention arithmetic, norms and activations are left out: a floor."""
+    per second. Attention arithmetic, norms and activations are left out."""
     forwarded = prompts * (input_len + output_len - 1)  # the first output token comes from prefill
     flop = 2.0 * forwarded * params + 2.0 * prompts * output_len * head_params
     contexts = sum(input_len + t for t in range(1, output_len))  # decode token t sees input_len + t

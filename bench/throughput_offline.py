@@ -197,9 +197,9 @@ def bench_atom(results: dict) -> None:
 
 @torch.inference_mode()
 def bench_floor(results: dict) -> None:
-    """The run's physical floor (gpu_models.offline_floor) from two ceilings measured here:
-    a bf16 GEMM of one step's tokens sustained for --floor-seconds (the board settles at its
-    power limit, as a long run's prefill does) and the copy bandwidth."""
+    """The run's floor (gpu_models.offline_floor) at two rates measured here: a bf16 GEMM of
+    one step's tokens sustained for --floor-seconds (the board settles at its power limit,
+    as a long run's prefill does) and the copy bandwidth."""
     hidden = load_config(ARGS.model)["hidden_size"]
     gemm = sustained_gemm(ARGS.max_num_batched_tokens, hidden, 4 * hidden, ARGS.floor_seconds)
     size = results["model_size"]
