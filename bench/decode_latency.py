@@ -4,7 +4,7 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
     python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 16 32]
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
         [--profile-batch-sizes 1 32] [--gemv-config N,K,M=BN,BK,SPLIT ...]
-        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES ...] [--weights normal|vllm]
+        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES ...] [--weights normal|vllm] [--routing drawn|tied]
         [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
@@ -22,7 +22,10 @@ per-kernel breakdown of decode steps (graph replay and eager) at each profiled b
 ``--gemv-config`` runs with entries of the skinny GEMM's table replaced: a config's effect in
 the model, which its kernel timed alone can hide (the one-row GEMVs' weight loads overlap the
 kernel before them; gemv_config.IN_MODEL). ``--moe-config`` does the same for the fused-MoE
-table (fused_moe_config: Qwen3-30B-A3B's decode entry was chosen that way).
+table (fused_moe_config: Qwen3-30B-A3B's decode entry was chosen that way). ``--routing tied``
+zeroes the MoE routers of both engines' models (gpu_models.tie_routers), so every token
+picks the same experts: the workload behind vLLM's dummy-weight DeepSeek figures, where a
+bf16 softmax ties every score (bench/vllm_dummy_routing.py).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from atom_core.config import SchedulerConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from gpu_models import (  # noqa: E402
     MODELS,
+    ROUTINGS,
     WEIGHT_SCHEMES,
     apply_overrides,
     config_path,
@@ -48,6 +52,7 @@ from gpu_models import (  # noqa: E402
     decoding,
     free_memory,
     hf_model,
+    is_moe,
     kernel_table,
     kv_bytes_per_token,
     load_config,
@@ -61,6 +66,7 @@ from gpu_models import (  # noqa: E402
     shared_experts,
     step_bytes,
     sync,
+    tie_routers,
     touched_experts,
     uniform_experts_touched,
 )
@@ -133,6 +139,8 @@ def bench_atom(name: str, results: dict) -> None:
         async_scheduling=ARGS.async_scheduling,
     )
     randomize(engine.runner.model, scheme=ARGS.weights)
+    if ARGS.routing == "tied" and is_moe(cfg):
+        tie_routers(engine.runner.model)
     model = engine.runner.model
     results[name] = {"startup_s": time.perf_counter() - t0, "kv_blocks": engine.runner.num_blocks,
                      "batches": {}}
@@ -190,6 +198,8 @@ def bench_hf(name: str, results: dict) -> None:
     n = ARGS.hf_output_len
     try:
         model = hf_model(name, weights=ARGS.weights)
+        if ARGS.routing == "tied" and is_moe(cfg):
+            tie_routers(model)
     except Exception as exc:  # report, do not lose the ATOM numbers
         results[name]["hf_error"] = f"{type(exc).__name__}: {exc}"
         return
@@ -295,6 +305,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="replace a fused_moe_config.TUNED entry (hidden, inter, token bucket); repeatable")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="normal",
                    help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's (gpu_models.randomize)")
+    p.add_argument("--routing", choices=ROUTINGS, default="drawn",
+                   help="MoE routers as drawn, or tied: zeroed, every token picks the same experts "
+                        "(gpu_models.tie_routers); dense models ignore it")
     p.add_argument("--json", default="bench/results/decode_latency.json")
     args = p.parse_args(argv)
     if args.hf_output_len < 2:

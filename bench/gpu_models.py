@@ -65,6 +65,27 @@ def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> 
             p.fill_(1.0)
 
 
+ROUTINGS = ("drawn", "tied")
+
+
+@torch.no_grad()
+def tie_routers(model: torch.nn.Module) -> int:
+    """Zero every MoE router's weight (and score-correction bias), ATOM's ``TopKRouter`` and
+    transformers' ``mlp.gate`` alike: every logit is then 0, every expert's score ties, and
+    every token picks the same experts (the lowest ids, or whatever top-k's tie order gives).
+    That is the workload of vLLM's dummy-weight DeepSeek runs, whose bf16 softmax rounds
+    every score to 1/E (bench/vllm_dummy_routing.py). Returns the routers zeroed; raises
+    for a model with none."""
+    tied = 0
+    for name, p in model.named_parameters():
+        if name.endswith(("mlp.gate.weight", "mlp.gate.e_score_correction_bias")):
+            p.zero_()
+            tied += name.endswith(".weight")
+    if not tied:
+        raise ValueError(f"{type(model).__name__} has no MoE router to tie")
+    return tied
+
+
 def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int] | None]:
     """``N,K,M=BN,BK,SPLIT[,WARPS,STAGES]`` (or ``N,K,M=cublas``) -> ((N, K, M bucket), config
     or None): one ``gemv_config.TUNED`` entry to run with instead of the shipped one."""
@@ -147,6 +168,10 @@ def expert_bytes(moe: torch.nn.Module) -> int:
 def shared_experts(cfg: dict[str, Any]) -> int:
     """Shared experts per MoE layer, as the config counts them (Qwen3-MoE has none)."""
     return int(cfg.get("n_shared_experts") or 0)
+
+
+def is_moe(cfg: dict[str, Any]) -> bool:
+    return any(k in cfg for k in ("n_routed_experts", "num_experts", "num_local_experts"))
 
 
 def uniform_experts_touched(cfg: dict[str, Any], batch: int) -> float:

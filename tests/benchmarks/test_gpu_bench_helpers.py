@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import decode_latency  # noqa: E402
 import gpu_models  # noqa: E402
 import throughput_offline  # noqa: E402
+import vllm_dummy_routing  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -200,6 +201,41 @@ def test_randomize_schemes():
     assert decode_latency.parse_args(["--weights", "vllm"]).weights == "vllm"
     with pytest.raises(SystemExit):
         decode_latency.parse_args(["--weights", "xavier"])
+
+
+def test_tied_routers_send_every_token_to_the_same_experts(build):
+    """ATOM's engines: after tie_routers three sequences touch top-k (2) experts a layer,
+    where drawn routers spread them (test_step_bytes_... sees 2-6)."""
+    for kind in ARCH:
+        engine, cfg = build(kind)
+        before = {n: p.clone() for n, p in engine.runner.model.named_parameters()}
+        try:
+            assert gpu_models.tie_routers(engine.runner.model) == 2
+            touched = gpu_models.touched_experts(engine, gpu_models.random_prompts(3, 8, cfg["vocab_size"], 1), steps=3)
+            assert list(touched.values()) == [2.0, 2.0]
+        finally:
+            with torch.no_grad():
+                for n, p in engine.runner.model.named_parameters():
+                    p.copy_(before[n])
+
+
+def test_tie_routers_finds_transformers_routers_and_refuses_a_dense_model():
+    assert gpu_models.tie_routers(gpu_models.hf_model("deepseek-v2-lite", device="meta")) == 26
+    assert gpu_models.tie_routers(gpu_models.hf_model("qwen3-30b-a3b", device="meta")) == 48
+    with pytest.raises(ValueError, match="no MoE router"):
+        gpu_models.tie_routers(gpu_models.hf_model("qwen3-0.6b", device="meta"))
+    assert decode_latency.parse_args(["--routing", "tied"]).routing == "tied"
+    with pytest.raises(SystemExit):
+        decode_latency.parse_args(["--routing", "uniform"])
+
+
+def test_vllms_bf16_scores_tie_on_its_dummy_weights():
+    """vLLM's DeepSeek router arithmetic on its dummy weights: one expert set for the whole
+    batch (top-k of 64 equal scores); the same logits scored in fp32 stay apart."""
+    res = vllm_dummy_routing.run("deepseek-v2-lite", tokens=16, trials=2, seed=0)
+    assert res["vllm_bf16"]["distinct_sets_max"] == 1 and res["vllm_bf16"]["experts_touched_mean"] == 6
+    assert res["vllm_bf16"]["min_ties_with_best"] == 64
+    assert res["fp32"]["distinct_sets_max"] == 16 and res["fp32"]["min_ties_with_best"] == 1
 
 
 def test_moe_config_overrides_replace_table_entries(monkeypatch):
