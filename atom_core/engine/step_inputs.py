@@ -13,6 +13,10 @@ Every field starts on a 16-byte boundary of that buffer. Triton specialises a ke
 whether each pointer argument is 16-byte aligned, so fields at arbitrary offsets would
 make the attention and RoPE kernels compile new variants in the middle of serving
 (measured on an H200: offline prefill steps went 456 -> 526 ms with unaligned fields).
+For the same reason the block table's width (its row stride, a kernel argument) is a
+multiple of 16: Triton also specialises integer arguments on divisibility by 16 (and on
+being 1), so a width following the batch's longest sequence would flip between variants
+as contexts grow, and a server would compile one mid-request.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from atom_core.layers.attention.metadata import AttentionMetadata
 
 ALIGN_BYTES = 16
+TABLE_WIDTH_MULTIPLE = 16  # Triton's integer divisibility specialisation
 
 
 @dataclass
@@ -94,7 +99,7 @@ def eager_inputs(
     owner = np.repeat(np.arange(n), lens)  # the sequence of each flat token
     positions = np.arange(total, dtype=np.int64) + (first - qsl[:-1])[owner]
     seq_lens = first + lens
-    width = max(len(t) for t in tables)
+    width = -(-max(len(t) for t in tables) // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
     table_rows = np.full((n, width), -1, dtype=np.int32)
     for i, t in enumerate(tables):
         table_rows[i, : len(t)] = t

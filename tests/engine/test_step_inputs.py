@@ -20,7 +20,7 @@ def reference(token_rows, starts, counts, tables, bs):
             slots.append(table[p // bs] * bs + p % bs)
         qsl.append(qsl[-1] + n)
         seq_lens.append(start + n)
-    width = max(len(t) for t in tables)
+    width = 16  # every table here is shorter: padded to the next multiple of 16
     return ids, positions, slots, qsl, seq_lens, [t + [-1] * (width - len(t)) for t in tables]
 
 
@@ -60,3 +60,14 @@ def test_without_ids():
     assert got.input_ids is None and got.positions.tolist() == list(range(10))
     assert got.sample_rows.numel() == 0 and got.fill_rows.numel() == 0
     assert got.meta.slot_mapping.tolist() == [28, 29, 30, 31, 12, 13, 14, 15, 20, 21]
+
+
+def test_block_table_width_is_a_multiple_of_16():
+    """The width is the tables' row stride, a kernel argument that Triton specialises on
+    divisibility by 16 (and on being 1): padded, every step's tables compile one variant."""
+    for longest, width in ((1, 16), (15, 16), (16, 16), (17, 32), (70, 80)):
+        tables = [[5] * longest, [3]]
+        meta = eager_inputs(None, [0, 0], [2, 2], tables, 4, torch.device("cpu")).meta
+        assert meta.block_tables.shape == (2, width) and meta.block_tables.stride(0) == width
+        assert meta.block_tables[0].tolist() == [5] * longest + [-1] * (width - longest)
+        assert meta.block_tables[1].tolist() == [3] + [-1] * (width - 1)
