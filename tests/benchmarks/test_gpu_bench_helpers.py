@@ -17,6 +17,7 @@ from torch import nn
 from tests.tiny_models import tiny_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import attention_overlap  # noqa: E402
 import decode_latency  # noqa: E402
 import gpu_models  # noqa: E402
 import throughput_offline  # noqa: E402
@@ -300,3 +301,27 @@ def test_offline_report_prints_the_floor_beside_the_run(capsys):
     assert f"| floor: GEMMs + KV reads only | 1024 | {floor['floor_s']:.1f} |" in out
     assert f"ATOM at {floor['floor_s'] / 33.0:.0%} of it" in out
     assert 29.0 < floor["floor_s"] < 30.0  # 24.6 s of GEMM at 666 TFLOP/s + 4.9 s of KV
+
+
+def test_attention_overlap_lays_out_a_mixed_step_the_kernels_compute_right():
+    """The overlap bench's step, its two kernels in series through the interpreter: every row
+    written, and equal to attention computed per sequence from the paged cache in float64."""
+    step = attention_overlap.make_step(3, 37, 2, 21, device="cpu", dtype=torch.float32, heads=4, kv_heads=2,
+                                       head_dim=32)
+    assert step["block_tables"].shape[1] % 16 == 0 and step["prefills"].data_ptr() % 16 == 0
+    out = torch.full_like(step["q"], float("nan"))
+    decode, prefill = attention_overlap.launchers(step, out, num_sms=8)
+    decode()
+    prefill()
+    cache, tables, qsl = step["kv_cache"].double(), step["block_tables"], step["query_start_loc"].tolist()
+    for i, n in enumerate(step["seq_lens"].tolist()):
+        blocks = tables[i, : -(-n // attention_overlap.BLOCK_SIZE)].long()
+        k, v = (cache[j][blocks].flatten(0, 1)[:n].repeat_interleave(2, dim=1) for j in (0, 1))  # [n, 4, 32]
+        q = step["q"][qsl[i] : qsl[i + 1]].double()
+        pos = torch.arange(n - q.shape[0], n)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * step["scale"]
+        scores = scores.masked_fill(torch.arange(n)[None, None, :] > pos[None, :, None], float("-inf"))
+        want = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+        torch.testing.assert_close(out[qsl[i] : qsl[i + 1]].double(), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(SystemExit):
+        attention_overlap.parse_args(["--decodes", "0"])
