@@ -49,8 +49,9 @@ def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> 
     parameter uniform in [-1e-3, 1e-3] from a generator seeded 1234 afresh for each
     parameter, so a parameter's values depend only on its size. A MoE step's time follows
     the experts its tokens touch (the bench prints them per layer), so the scheme could
-    change the workload; on the benchmarked MoE models both route near-uniformly
-    (bench/RESULTS.md, ninth GPU session)."""
+    change the workload; on the benchmarked MoE models both route near-uniformly under
+    ATOM's fp32 router (bench/RESULTS.md, ninth GPU session). vLLM's DeepSeek router scores
+    in bf16, where these weights tie every score: ``tie_routers`` gives that workload."""
     if scheme not in WEIGHT_SCHEMES:
         raise ValueError(f"weight scheme {scheme!r}: expected one of {WEIGHT_SCHEMES}")
     torch.manual_seed(seed)
