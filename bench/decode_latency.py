@@ -261,7 +261,8 @@ def main() -> None:
     results["gemv_overrides"] = apply_overrides(gemv_config.TUNED, parse_gemv_override, ARGS.gemv_config)
     results["moe_overrides"] = apply_overrides(fused_moe_config.TUNED, parse_moe_override, ARGS.moe_config)
     results["copy_bandwidth"] = copy_bandwidth()
-    print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s", flush=True)
+    print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s; weights {ARGS.weights}, "
+          f"MoE routing {ARGS.routing}", flush=True)
     for name in ARGS.models:
         try:
             bench_atom(name, results)  # the engine is gone before transformers' model is built
