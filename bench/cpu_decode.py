@@ -2,11 +2,19 @@
 
 Prints a table (engine, peer and the memory-bandwidth limit side by side) and writes JSON:
 
-    python bench/cpu_decode.py [--batch-sizes 1 8] [--output-len 64] [--json bench/results/cpu_decode.json]
+    python bench/cpu_decode.py [--batch-sizes 1 8] [--output-len 64] [--compiled]
+        [--json bench/results/cpu_decode.json]
 
 Decode rate = generated tokens after the first / time after the first token. Both engines
 run greedy at the same dtype (fp32 and bf16 by default), same prompts, process and threads. The limit is the bytes of
 weights read per decode step over this machine's copy bandwidth, measured here.
+
+``--compiled`` also times ATOM with its decoder stack under ``torch.compile`` (inductor,
+dynamic shapes) and attention left eager, the split a piecewise ``--level 3`` would make:
+a probe of whether the compilation level the serving guide describes would pay on CPU,
+where the engine itself refuses ``--level`` above 0. In fp32 its greedy tokens must equal
+the eager engine's (a difference fails the run); in bf16 inductor's fused kernels round
+differently, so the share of equal tokens is reported instead.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,23 +53,47 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
-def bench_atom(prompts: list[str], output_len: int, dtype: str) -> tuple[dict, float]:
+def bench_atom(prompts: list[str], output_len: int, dtype: str, compiled: bool = False) -> tuple[dict, float]:
     from atom_core.engine.llm_engine import LLMEngine
-    from atom_core.sampling_params import SamplingParams
+    from atom_core.layers.attention.layer import Attention
 
     engine = LLMEngine(enable_log_stats=False, max_model_len=2048, dtype=dtype, device="cpu")
+    eager_attention = {name: getattr(Attention, name) for name in ("forward", "forward_qk_norm_rope")}
+    if compiled:
+        # Each layer resumes after its attention's graph break in DecoderLayer.forward's own
+        # frame, one cache entry per variant seen (first layer's residual None, static then
+        # dynamic shapes): past the default limit of 8 the rest would silently run eager.
+        torch._dynamo.config.recompile_limit = 64
+        for name, fn in eager_attention.items():  # attention stays eager: a graph break
+            setattr(Attention, name, torch.compiler.disable(fn))
+        decoder = engine.runner.model.model
+        decoder.forward = torch.compile(decoder.forward, dynamic=True)
+    try:
+        return _time_atom(engine, prompts, output_len, compiled)
+    finally:
+        for name, fn in eager_attention.items():
+            setattr(Attention, name, fn)
+
+
+def _time_atom(engine: Any, prompts: list[str], output_len: int, compiled: bool) -> tuple[dict, float]:
+    from atom_core.sampling_params import SamplingParams
+
     texts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    engine.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
-    results = {}
+    t0 = time.perf_counter()
+    engine.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up (and compile)
+    results = {"warmup_s": time.perf_counter() - t0}
     for bs in ARGS.batch_sizes:
         batch = (texts * bs)[:bs]
+        # The batch's own warm-up: with the decoder compiled, its shapes compile here, untimed.
+        engine.generate(batch, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
         t0 = time.perf_counter()
         outs = engine.generate(batch, params)
         total = time.perf_counter() - t0
         ttft = max(o["ttft"] for o in outs)
         n = sum(o["num_tokens_output"] for o in outs)
-        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total, "ttft_s": ttft}
+        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total, "ttft_s": ttft,
+                       "token_ids": [o["token_ids"] for o in outs]}
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.loaded.model.parameters())
     return results, weight_bytes
 
@@ -100,18 +133,28 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     bw = copy_bandwidth_gbs()
     rows = []
+    same = True
     for dtype in ARGS.dtypes:
         atom, weight_bytes = bench_atom(PROMPTS, ARGS.output_len, dtype)
+        comp = bench_atom(PROMPTS, ARGS.output_len, dtype, compiled=True)[0] if ARGS.compiled else None
         hf = bench_hf(PROMPTS, ARGS.output_len, dtype)
         limit = bw * 1e9 / weight_bytes  # decode steps/s if a step only streams the weights once
         for bs in ARGS.batch_sizes:
             a, h = atom[bs], hf[bs]
-            rows.append({
+            row = {
                 "dtype": dtype, "batch": bs, "weight_mb": weight_bytes / 1e6,
                 "atom_decode_tok_s": a["decode_tok_s"], "hf_decode_tok_s": h["decode_tok_s"],
                 "ratio": a["decode_tok_s"] / h["decode_tok_s"], "limit_tok_s": limit * bs,
                 "atom_ttft_ms": a["ttft_s"] * 1e3, "hf_ttft_ms": h["ttft_s"] * 1e3,
-            })
+            }
+            if comp is not None:
+                pairs = [(x, y) for want, got in zip(a["token_ids"], comp[bs]["token_ids"]) for x, y in zip(want, got)]
+                row.update(compiled_decode_tok_s=comp[bs]["decode_tok_s"], compiled_warmup_s=comp["warmup_s"],
+                           eager_warmup_s=atom["warmup_s"],
+                           compiled_equal_token_share=sum(x == y for x, y in pairs) / len(pairs))
+                if dtype == "float32":
+                    same &= comp[bs]["token_ids"] == a["token_ids"]
+            rows.append(row)
 
     print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1, dequantized), {os.cpu_count()} CPU threads, "
           f"{ARGS.output_len} output tokens, greedy; copy bandwidth {bw:.1f} GB/s\n")
@@ -122,11 +165,19 @@ def main() -> None:
     for r in rows:
         print(f"{r['dtype']:>9} | {r['batch']:>5} | {r['atom_decode_tok_s']:>10.1f} | {r['hf_decode_tok_s']:>9.1f} | "
               f"{r['ratio']:>6.2f}x | {r['limit_tok_s']:>11.1f} | {r['atom_ttft_ms']:>12.0f} | {r['hf_ttft_ms']:>10.0f}")
+    if ARGS.compiled:
+        print("\nATOM with the decoder under torch.compile (attention eager):")
+        for r in rows:
+            print(f"{r['dtype']:>9} | batch {r['batch']:>3} | {r['compiled_decode_tok_s']:.1f} tok/s against "
+                  f"{r['atom_decode_tok_s']:.1f} eager | first call {r['compiled_warmup_s']:.1f} s against "
+                  f"{r['eager_warmup_s']:.1f} | tokens equal to eager: {r['compiled_equal_token_share']:.0%}")
     out = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "torch": torch.__version__,
            "output_len": ARGS.output_len, "copy_bandwidth_gbs": bw, "rows": rows}
     Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
     Path(ARGS.json).write_text(json.dumps(out, indent=2))
     print(f"\nwrote {ARGS.json}")
+    if not same:
+        raise SystemExit("in float32 the compiled engine's greedy tokens differ from the eager engine's")
 
 
 if __name__ == "__main__":
@@ -134,6 +185,8 @@ if __name__ == "__main__":
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time ATOM with its decoder under torch.compile (see above)")
     parser.add_argument("--json", default="bench/results/cpu_decode.json")
     ARGS = parser.parse_args()
     main()
