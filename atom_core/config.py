@@ -80,7 +80,8 @@ class ParallelConfig:
 @dataclass
 class CompilationConfig:
     enforce_eager: bool = opt(False, ("--enforce-eager",), "disable CUDA graph capture; run eagerly")
-    # The guide's default is 3 (torch.compile); not built yet, so 0 (eager + CUDA graphs).
+    # The guide's default is 3 (torch.compile); not built, so 0 (eager + CUDA graphs). A
+    # probe of it on CPU (bench/cpu_decode.py --compiled) found no gain for ~10 s of compile.
     level: int = opt(0, ("--level",), "compilation level 0-3; only 0 (eager, CUDA-graph decode) so far",
                      choices=(0, 1, 2, 3))
     cudagraph_capture_sizes: list[int] = opt(
