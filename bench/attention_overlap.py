@@ -30,10 +30,13 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 
 import torch
 
+from atom_core.engine.step_inputs import eager_inputs
+from atom_core.layers.attention.triton_backend import TritonAttentionBackend
 from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
 from atom_core.ops.triton.prefill_attention import paged_prefill_attention
 
@@ -48,31 +51,25 @@ def make_step(decodes: int, context: int, prompts: int, prompt_len: int, *, devi
               dtype: torch.dtype = torch.bfloat16, heads: int = HEADS, kv_heads: int = KV_HEADS,
               head_dim: int = HEAD_DIM, seed: int = 0) -> dict:
     """One layer's attention inputs of a mixed step: ``decodes`` sequences of ``context``
-    tokens computing their last, then ``prompts`` fresh prompts of ``prompt_len`` tokens."""
+    tokens computing their last, then ``prompts`` fresh prompts of ``prompt_len`` tokens.
+    The metadata and the decode/prefill split come from the engine's own builders
+    (``eager_inputs``, the Triton backend's plan), blocks handed out in shuffled order."""
     g = torch.Generator(device=device).manual_seed(seed)
-    lens = [context] * decodes + [prompt_len] * prompts
-    q_lens = [1] * decodes + [prompt_len] * prompts
-    per_seq = [-(-n // BLOCK_SIZE) for n in lens]
-    order = torch.randperm(sum(per_seq), generator=g, device=device).int()
-    width = -(-max(per_seq) // 16) * 16  # as engine/step_inputs.py pads it
-    tables = torch.full((len(lens), width), -1, dtype=torch.int32, device=device)
-    start = 0
-    for i, n in enumerate(per_seq):
-        tables[i, :n] = order[start : start + n]
-        start += n
-    qsl = torch.zeros(len(lens) + 1, dtype=torch.int32)
-    qsl[1:] = torch.tensor(q_lens).cumsum(0)
-    tokens = int(qsl[-1])
-    gap = -decodes % 4  # the backend's plan starts the prefill indices 16-byte aligned
-    idx = torch.tensor(list(range(decodes)) + [0] * gap + list(range(decodes, len(lens))),
-                       dtype=torch.int32, device=device)
+    starts = [context - 1] * decodes + [0] * prompts
+    counts = [1] * decodes + [prompt_len] * prompts
+    per_seq = [-(-(a + c) // BLOCK_SIZE) for a, c in zip(starts, counts)]
+    order = torch.randperm(sum(per_seq), generator=g).tolist()
+    bounds = [0, *accumulate(per_seq)]
+    tables = [order[bounds[i] : bounds[i + 1]] for i in range(len(per_seq))]
+    meta = eager_inputs(None, starts, counts, tables, BLOCK_SIZE, torch.device(device)).meta
+    dec, pre = TritonAttentionBackend._plan(meta, torch.device(device))
     return {
-        "q": torch.randn(tokens, heads, head_dim, generator=g, device=device, dtype=dtype),
+        "q": torch.randn(sum(counts), heads, head_dim, generator=g, device=device, dtype=dtype),
         "kv_cache": torch.randn(2, sum(per_seq), BLOCK_SIZE, kv_heads, head_dim, generator=g,
                                 device=device, dtype=dtype),
-        "block_tables": tables, "seq_lens": torch.tensor(lens, dtype=torch.int32, device=device),
-        "query_start_loc": qsl.to(device), "decodes": idx[:decodes], "prefills": idx[decodes + gap :],
-        "max_query_len": max(q_lens), "scale": head_dim**-0.5, "decode_count": decodes,
+        "block_tables": meta.block_tables, "seq_lens": meta.seq_lens, "query_start_loc": meta.query_start_loc,
+        "decodes": dec, "prefills": pre, "max_query_len": meta.max_query_len, "scale": head_dim**-0.5,
+        "decode_count": decodes,
         "kv_bytes": decodes * context * 2 * kv_heads * head_dim * torch.finfo(dtype).bits // 8,
     }
 

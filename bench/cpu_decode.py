@@ -59,6 +59,7 @@ def bench_atom(prompts: list[str], output_len: int, dtype: str, compiled: bool =
 
     engine = LLMEngine(enable_log_stats=False, max_model_len=2048, dtype=dtype, device="cpu")
     eager_attention = {name: getattr(Attention, name) for name in ("forward", "forward_qk_norm_rope")}
+    limit = torch._dynamo.config.recompile_limit
     if compiled:
         # Each layer resumes after its attention's graph break in DecoderLayer.forward's own
         # frame, one cache entry per variant seen (first layer's residual None, static then
@@ -69,13 +70,14 @@ def bench_atom(prompts: list[str], output_len: int, dtype: str, compiled: bool =
         decoder = engine.runner.model.model
         decoder.forward = torch.compile(decoder.forward, dynamic=True)
     try:
-        return _time_atom(engine, prompts, output_len, compiled)
+        return _time_atom(engine, prompts, output_len)
     finally:
+        torch._dynamo.config.recompile_limit = limit
         for name, fn in eager_attention.items():
             setattr(Attention, name, fn)
 
 
-def _time_atom(engine: Any, prompts: list[str], output_len: int, compiled: bool) -> tuple[dict, float]:
+def _time_atom(engine: Any, prompts: list[str], output_len: int) -> tuple[dict, float]:
     from atom_core.sampling_params import SamplingParams
 
     texts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
