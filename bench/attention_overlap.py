@@ -58,7 +58,7 @@ def make_step(decodes: int, context: int, prompts: int, prompt_len: int, *, devi
     starts = [context - 1] * decodes + [0] * prompts
     counts = [1] * decodes + [prompt_len] * prompts
     per_seq = [-(-(a + c) // BLOCK_SIZE) for a, c in zip(starts, counts)]
-    order = torch.randperm(sum(per_seq), generator=g).tolist()
+    order = torch.randperm(sum(per_seq), generator=torch.Generator().manual_seed(seed)).tolist()
     bounds = [0, *accumulate(per_seq)]
     tables = [order[bounds[i] : bounds[i + 1]] for i in range(len(per_seq))]
     meta = eager_inputs(None, starts, counts, tables, BLOCK_SIZE, torch.device(device)).meta
