@@ -34,8 +34,8 @@ _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 # From this many splits on, each program has a tile or two and the kernel is bound by its
 # chain of dependent loads: it loads its first tile before pdl_wait (``PRELOAD``). Measured
 # on an H200, that took Qwen3-0.6B's batch-1 step 1.017 -> 0.959 ms, but slowed batch 32
-# (2-4 splits of several tiles) by 25% in bench/decode_attention.py, so fewer splits keep
-# the plain loop.
+# (2-4 splits of several tiles) by 25% in bench/decode_attention.py, and at 4 splits in the
+# model Qwen3-30B-A3B's batch-32 step went 14.41 -> 15.31 ms; fewer splits keep the plain loop.
 PRELOAD_MIN_SPLITS = 8
 
 
