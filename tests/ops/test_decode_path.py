@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 import atom_core.layers.attention.triton_backend as triton_backend  # noqa: E402
 import atom_core.layers.rotary as rotary  # noqa: E402
+import atom_core.ops.triton.gemv as gemv  # noqa: E402
 import atom_core.ops.triton.plugin as triton_plugin  # noqa: E402
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
 from atom_core.ops.triton.decode_attention import PRELOAD_MIN_SPLITS  # noqa: E402
@@ -31,6 +32,10 @@ def triton_everywhere(monkeypatch):
     monkeypatch.setattr(triton_plugin, "usable", lambda: True)
     monkeypatch.setattr(triton_plugin, "TRITON_DEVICE_KINDS", ("cpu", "cuda", "hip"))
     monkeypatch.setattr(rotary, "_shared", {})  # rope modules resolved their op when built
+    # GEMV grids sized for 8 SMs, as the attention backend's are on CPU: the interpreter's
+    # time grows with the programs, and an H200-sized grid of 4-column tiles took ~2/3 of
+    # this test's minutes. The tiles the H200 uses are test_gemv_triton.py's.
+    monkeypatch.setattr(gemv, "_num_sms", lambda device: 8)
     reset_plugins()
     yield
     reset_plugins()
