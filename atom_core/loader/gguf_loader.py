@@ -1,5 +1,6 @@
-"""A llama-architecture .gguf file: config and tokenizer through transformers' GGUF support,
-weights dequantized with the ``gguf`` package and renamed to Hugging Face names."""
+"""A llama-architecture .gguf file: config and tokenizer through transformers' GGUF support
+(parsed once per file: ``gguf_cache``), weights dequantized with the ``gguf`` package and
+renamed to Hugging Face names."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import PretrainedConfig
 
 from atom_core.errors import ConfigError
+from atom_core.loader.gguf_cache import Index, read_header, tensor_views
 
 # GGUF model architecture -> the HF architecture transformers' config lacks for GGUF files.
 ARCHITECTURES = {"llama": "LlamaForCausalLM"}
@@ -58,41 +60,38 @@ def reverse_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class GGUFFile:
-    """One .gguf file; its header is parsed once, tensors are memory-mapped."""
+    """One .gguf file: its header read once per file (``gguf_cache``: parsed on the first
+    load, read back after), its tensors memory-mapped."""
 
     def __init__(self, path: Path) -> None:
-        from gguf import GGUFReader
-
         self.path = path
-        self.reader = GGUFReader(str(path))
+        self.header = read_header(path, self._check_architecture)
 
-    def metadata(self, key: str) -> Any:
-        field = self.reader.fields.get(key)
-        return None if field is None else field.contents()
-
-    def load_config(self) -> PretrainedConfig:
-        arch = self.metadata("general.architecture")
-        if arch not in ARCHITECTURES:
+    def _check_architecture(self, index: Index) -> None:
+        if index.architecture not in ARCHITECTURES:
             raise ConfigError(
-                f"{self.path}: GGUF architecture {arch!r} is not supported; "
+                f"{self.path}: GGUF architecture {index.architecture!r} is not supported; "
                 f"supported: {sorted(ARCHITECTURES)}"
             )
-        config = AutoConfig.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+
+    def load_config(self) -> PretrainedConfig:
+        config = self.header.config
         if not getattr(config, "architectures", None):
-            config.architectures = [ARCHITECTURES[arch]]
+            config.architectures = [ARCHITECTURES[self.header.index.architecture]]
         return config
 
     def iter_weights(self, hf_config: PretrainedConfig) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, fp32 tensor) for every tensor, dequantized one at a time."""
-        from gguf import dequantize
+        from gguf import GGMLQuantizationType, dequantize
 
         num_heads = hf_config.num_attention_heads
         num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
-        for tensor in self.reader.tensors:
+        for tensor, data in tensor_views(self.path, self.header.index):
             name = hf_name(tensor.name)
             if name is None:
                 continue
-            weight = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy()).float()
+            qtype = GGMLQuantizationType(tensor.tensor_type)
+            weight = torch.from_numpy(dequantize(data, qtype).copy()).float()
             if ".q_proj." in name:
                 weight = reverse_permute(weight, num_heads)
             elif ".k_proj." in name:
@@ -100,7 +99,7 @@ class GGUFFile:
             yield name, weight
 
     def load_tokenizer(self) -> Any:
-        return AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        return self.header.tokenizer
 
     def chat_template(self) -> str | None:
-        return self.metadata("tokenizer.chat_template")
+        return self.header.index.chat_template

@@ -1,0 +1,134 @@
+"""The GGUF header cache: a load served from an entry gives what parsing the file gives,
+and an entry that does not match its file is never used."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import msgspec
+import numpy as np
+import pytest
+
+from atom_core.errors import ConfigError
+from atom_core.loader import embedded_model_path, gguf_cache
+from atom_core.loader.gguf_loader import GGUFFile
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "Hello world <|im_start|>user\nhi<|im_end|>",
+    "naïve café 日本語 🙂",
+    "  spaces\t\ttabs\n\n",
+    "<|endoftext|>",
+]
+
+
+class Parsed(Exception):
+    """Raised by a stand-in for the parser: the load did not come from the entry."""
+
+
+def refuse_parse(path, check):
+    raise Parsed(path)
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    """(the embedded file, its cache root, a GGUFFile from a parse, one from the entry)."""
+    root = tmp_path_factory.mktemp("atom-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATOM_CACHE_DIR", str(root))
+        path = embedded_model_path()
+        parsed = GGUFFile(path)
+        mp.setattr(gguf_cache, "_parse", refuse_parse)
+        from_entry = GGUFFile(path)
+    return path, root, parsed, from_entry
+
+
+@pytest.fixture
+def cache_env(cached, monkeypatch, tmp_path):
+    """A copy of the module's cache root for a test to damage; the parser refuses."""
+    path, root, _, _ = cached
+    mine = tmp_path / "cache"
+    shutil.copytree(root, mine)
+    monkeypatch.setenv("ATOM_CACHE_DIR", str(mine))
+    monkeypatch.setattr(gguf_cache, "_parse", refuse_parse)
+    (entry,) = (mine / "gguf").iterdir()
+    return path, entry
+
+
+def test_first_load_writes_one_entry(cached):
+    _, root, _, _ = cached
+    (entry,) = (root / "gguf").iterdir()
+    assert sorted(p.name for p in entry.iterdir()) == ["config", "index.json", "tokenizer"]
+
+
+def test_the_entry_gives_what_the_parse_gives(cached):
+    path, _, parsed, from_entry = cached
+    assert from_entry.header.index == parsed.header.index
+    assert from_entry.load_config().to_dict() == parsed.load_config().to_dict()
+    assert from_entry.chat_template() == parsed.chat_template() is not None
+    a, b = parsed.load_tokenizer(), from_entry.load_tokenizer()
+    assert [a(t)["input_ids"] for t in TEXTS] == [b(t)["input_ids"] for t in TEXTS]
+    assert a.decode(list(range(400))) == b.decode(list(range(400)))
+    assert (a.bos_token_id, a.eos_token_id, a.pad_token_id) == (b.bos_token_id, b.eos_token_id, b.pad_token_id)
+    assert a.added_tokens_decoder == b.added_tokens_decoder and len(a) == len(b)
+
+
+def test_tensor_views_are_the_readers(cached):
+    from gguf import GGUFReader
+
+    path, _, _, from_entry = cached
+    reader = GGUFReader(str(path))
+    views = gguf_cache.tensor_views(path, from_entry.header.index)
+    assert [t.name for t, _ in views] == [t.name for t in reader.tensors]
+    for (entry, view), theirs in zip(views, reader.tensors):
+        assert entry.tensor_type == int(theirs.tensor_type)
+        assert view.dtype == theirs.data.dtype and view.shape == theirs.data.shape
+        assert np.array_equal(view, theirs.data), entry.name
+
+
+def test_a_changed_header_is_parsed_again(cache_env):
+    path, entry = cache_env
+    index = msgspec.json.decode((entry / "index.json").read_bytes(), type=gguf_cache.Index)
+    stale = msgspec.structs.replace(index, header_digest="0" * 32)
+    (entry / "index.json").write_bytes(msgspec.json.encode(stale))
+    with pytest.raises(Parsed):
+        GGUFFile(path)
+
+
+def test_an_unreadable_entry_is_parsed_again_with_a_warning(cache_env, caplog):
+    path, entry = cache_env
+    (entry / "index.json").write_bytes(b"{not json")
+    with caplog.at_level(logging.WARNING), pytest.raises(Parsed):
+        GGUFFile(path)
+    assert "unreadable" in caplog.text
+
+
+def test_the_architecture_is_checked_on_a_cached_load(cache_env):
+    path, entry = cache_env
+    index = msgspec.json.decode((entry / "index.json").read_bytes(), type=gguf_cache.Index)
+    other = msgspec.structs.replace(index, architecture="qwen2")
+    (entry / "index.json").write_bytes(msgspec.json.encode(other))
+    with pytest.raises(ConfigError, match="architecture 'qwen2' is not supported"):
+        GGUFFile(path)
+
+
+def test_an_unwritable_cache_still_loads(cached, monkeypatch, tmp_path, caplog):
+    path, _, parsed, _ = cached
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("ATOM_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(gguf_cache, "_parse", lambda p, check: parsed.header)
+    with caplog.at_level(logging.WARNING):
+        got = GGUFFile(path)
+    assert got.header is parsed.header
+    assert "not writable" in caplog.text
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path / "a"))
+    assert gguf_cache.cache_root() == tmp_path / "a"
+    monkeypatch.delenv("ATOM_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert gguf_cache.cache_root() == tmp_path / "xdg" / "atom"
