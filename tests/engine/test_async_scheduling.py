@@ -288,7 +288,7 @@ def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_schedul
         return launch(batch, ids_from=ids_from)
 
     eng.runner.launch = spy
-    eng.warmup()
+    eng.warmup(mixed_rounds=True)
     assert {1, 2, 4, 8, 16} <= seen
     assert eng.is_finished() and not eng._requests and all_blocks_free(eng)
     assert eng.block_manager.prefix_cache_queries == 0
@@ -297,6 +297,18 @@ def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_schedul
     assert [o["token_ids"] for o in eng.generate(ps, params)] == [
         o["token_ids"] for o in engine(False).generate(ps, params)
     ]
+
+
+def test_warmup_on_a_cpu_is_one_short_generate():
+    # Nothing compiles on a CPU: the rounds would only delay a server's start.
+    eng = engine(True, max_num_seqs=20)
+    batches = []
+    launch = eng.runner.launch
+    eng.runner.launch = lambda batch, ids_from=None: batches.append(batch.num_scheduled_tokens) or launch(
+        batch, ids_from=ids_from)
+    eng.warmup()
+    assert batches and all(len(lens) == 1 for lens in batches)  # one sequence throughout
+    assert eng.is_finished() and not eng._requests and all_blocks_free(eng)
 
 
 def test_prefix_cache_hits_on_blocks_a_queued_step_writes():
