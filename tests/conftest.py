@@ -4,6 +4,9 @@ import os
 import shutil
 import tempfile
 
+import pytest
+import torch
+
 # The example plugin is a separate distribution; test_writing_a_plugin.py installs it and
 # runs its own tests in a subprocess, as its author would.
 collect_ignore = ["example_plugin"]
@@ -18,7 +21,17 @@ if "ATOM_CACHE_DIR" not in os.environ:
 # Without a GPU, Triton kernels can only run through its interpreter, and triton.jit reads
 # the switch when a kernel module is imported: set it before any test imports atom_core.
 if importlib.util.find_spec("triton") is not None:
-    import torch
-
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2():
+    """transformers' model of the embedded GGUF, fp32 (its GGUF load takes ~35 s on a 2-core
+    VM: once a session, shared by the tests that compare against it)."""
+    from transformers import AutoModelForCausalLM
+
+    from atom_core.loader import embedded_model_path
+
+    path = embedded_model_path()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

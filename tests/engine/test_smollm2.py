@@ -32,11 +32,8 @@ def test_default_is_the_embedded_gguf(engine):
     assert engine.hf_config.architectures == ["LlamaForCausalLM"]
 
 
-def test_16_greedy_tokens_identical_to_transformers(engine):
-    from transformers import AutoModelForCausalLM
-
-    path = embedded_model_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+def test_16_greedy_tokens_identical_to_transformers(engine, hf_smollm2):
+    hf = hf_smollm2
     prompts = [engine.apply_chat_template([{"role": "user", "content": c}]) for c in CHATS]
     outs = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
     for prompt, out in zip(prompts, outs):

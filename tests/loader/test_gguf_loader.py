@@ -47,9 +47,7 @@ def smollm2():
 
 
 @pytest.mark.slow
-def test_embedded_gguf_matches_transformers(smollm2):
-    from transformers import AutoModelForCausalLM
-
+def test_embedded_gguf_matches_transformers(smollm2, hf_smollm2):
     from atom_core.layers.context import forward_context
     from tests.layers.harness import PagedKV, allocate_kv_caches
 
@@ -68,9 +66,7 @@ def test_embedded_gguf_matches_transformers(smollm2):
     with torch.no_grad(), forward_context(meta):
         ours = loaded.model.compute_logits(loaded.model(torch.tensor(ids), positions))
 
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    hf = hf_smollm2
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     # Both sides dequantize the same Q4_1/Q8_0 blocks to fp32 (the weights compare equal,
