@@ -23,7 +23,7 @@ from atom_core.errors import ConfigError
 from atom_core.layers.context import BuildContext, build_context
 from atom_core.loader import hf_dir
 from atom_core.loader.dummy import init_dummy_weights
-from atom_core.loader.gguf_loader import GGUFFile
+from atom_core.loader.gguf_loader import GGUFFile, load_gguf_tokenizer
 from atom_core.plugins import get_registries
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ def _load_tokenizer(override: str | None, model_dir: Path | None, gguf: GGUFFile
     if override is not None:
         tok_path = Path(override).expanduser()
         if tok_path.suffix == ".gguf":
-            return GGUFFile(tok_path).load_tokenizer()
+            return load_gguf_tokenizer(tok_path)
         return hf_dir.load_tokenizer(tok_path)
     if gguf is not None:
         return gguf.load_tokenizer()

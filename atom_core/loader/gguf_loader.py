@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig
+from transformers import AutoTokenizer, PretrainedConfig
 
 from atom_core.errors import ConfigError
 from atom_core.loader.gguf_cache import Index, read_header, tensor_views
@@ -103,3 +103,9 @@ class GGUFFile:
 
     def chat_template(self) -> str | None:
         return self.header.index.chat_template
+
+
+def load_gguf_tokenizer(path: Path) -> Any:
+    """The tokenizer alone of a .gguf named by --tokenizer, whatever its model architecture
+    (not cached: the header cache holds a config too, which needs a supported one)."""
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -132,3 +132,16 @@ def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("ATOM_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert gguf_cache.cache_root() == tmp_path / "xdg" / "atom"
+
+
+def test_a_tokenizer_gguf_is_read_without_the_cache(cached, monkeypatch, tmp_path):
+    # --tokenizer FILE.gguf needs only the tokenizer, of whatever architecture: no entry.
+    from atom_core.config import Config
+    from atom_core.loader import load_tokenizer
+    from tests.tiny_models import tiny_model_dir
+
+    path, _, parsed, _ = cached
+    monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path / "unused"))
+    tokenizer, _ = load_tokenizer(Config.from_kwargs(model=str(tiny_model_dir("llama")), tokenizer=str(path)))
+    assert [tokenizer(t)["input_ids"] for t in TEXTS] == [parsed.load_tokenizer()(t)["input_ids"] for t in TEXTS]
+    assert not (tmp_path / "unused").exists()
