@@ -85,16 +85,8 @@ def _entry_dir(path: Path) -> Path:
 
 
 def _header_digest(path: Path, data_offset: int) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        remaining = data_offset
-        while remaining:
-            chunk = f.read(min(remaining, 16 << 20))
-            if not chunk:
-                break
-            h.update(chunk)
-            remaining -= len(chunk)
-    return h.hexdigest()
+    with open(path, "rb") as f:  # a header is a few MB: one read
+        return xxhash.xxh3_128_hexdigest(f.read(data_offset))
 
 
 def tensor_views(path: Path, index: Index) -> list[tuple[TensorEntry, np.ndarray]]:
