@@ -73,6 +73,14 @@ def test_matches_native(dtype, tokens, shape):
     check(*inputs(shape, tokens, dtype))
 
 
+@pytest.mark.parametrize("tokens", [1500, 2048, 8192])
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_prefill_sizes_match_native(tokens, shape):
+    """Prefill batches run the table's tuned prefill tiles (Qwen3-30B-A3B's 128 x 128) or
+    the heuristic's, whichever get_config picks."""
+    check(*inputs(shape, tokens, torch.bfloat16))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "deepseek-v2-lite"])
 def test_out_of_range_ids(dtype, shape):

@@ -106,9 +106,31 @@ def test_tuned_table_covers_its_buckets_and_defers_past_them():
     assert get_config(20, 8, 128, 2048, 768) == table[32]  # nearest tuned bucket above
     assert get_config(9, 8, 128, 2048, 768) == table[32]
     assert get_config(2, 6, 64, 2048, 1408) == TUNED[(2048, 1408)][32]
-    # Prefill sizes past the largest tuned bucket use the shape heuristic, not a decode tile.
-    assert get_config(8192, 8, 128, 2048, 768) == default_config(8192, 8, 128)
-    assert get_config(8192, 8, 128, 2048, 768)["BLOCK_M"] > table[32]["BLOCK_M"]
+    assert get_config(8192, 8, 128, 2048, 768) == table[16384]
+    # Past the largest tuned bucket, the shape heuristic.
+    assert get_config(40000, 8, 128, 2048, 768) == default_config(40000, 8, 128)
+    # Prefill sizes of a shape tuned only for decode use the heuristic, not a decode tile.
+    assert get_config(8192, 6, 64, 2048, 1408) == default_config(8192, 6, 64)
+    assert get_config(8192, 6, 64, 2048, 1408)["BLOCK_M"] > TUNED[(2048, 1408)][32]["BLOCK_M"]
+
+
+def test_a_prefill_entry_never_serves_a_decode_batch(monkeypatch):
+    """A tuned bucket serves smaller ones only while their rows per expert stay in its
+    regime: the 2048 bucket's tall tiles are for prefill, and the buckets from 64 to 1024
+    tokens (4-64 rows an expert at k 8 of 128) keep the heuristic's."""
+    from atom_core.ops.triton import fused_moe_config as cfg
+
+    tall = MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+    mid = MoeConfig(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)
+    monkeypatch.setitem(cfg.TUNED, (64, 32), {32: cfg.TUNED[(2048, 768)][32], 512: mid, 2048: tall})
+    for tokens in range(33, 2049):
+        got, case = get_config(tokens, 8, 128, 64, 32), cfg.regime(tokens, 8, 128)
+        if case == 2:  # 1025 tokens on: 64+ rows an expert
+            assert got == tall, tokens
+        elif token_bucket(tokens) <= 512:  # 257-512 tokens: the 512 entry; 33-256: decode rows
+            assert got == (mid if tokens > 256 else cfg.default_config(tokens, 8, 128)), tokens
+        else:
+            assert got == cfg.default_config(tokens, 8, 128), tokens
 
 
 @pytest.mark.parametrize(

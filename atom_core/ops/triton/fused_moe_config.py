@@ -3,7 +3,9 @@
 ``TUNED`` holds what ``bench/tune_fused_moe.py`` found best on a GPU for a model's
 (H, I), per power-of-two token bucket; shapes it lacks fall back to ``default_config``,
 picked from the expected rows per expert (T * k / E), which decides how much of each
-BLOCK_M tile is real work.
+BLOCK_M tile is real work. A tuned bucket also serves the smaller buckets below it, down
+to the next tuned one, while their rows per expert stay in its regime (``regime``): a
+prefill bucket's tall tiles never reach a decode batch.
 """
 
 from __future__ import annotations
@@ -29,10 +31,21 @@ class MoeConfig(TypedDict):
 # 14.512 / 14.515 ms and a batch-16 step 11.280 / 11.283 -> 11.170 / 11.170. The same change
 # for DeepSeek-V2-Lite (32 x 128 in 4 stages) slowed its batch-32 step, 9.183 / 9.188 ->
 # 9.229 / 9.230.
+#
+# Qwen3-30B-A3B's prefill buckets (2048, 16384): `python bench/tune_fused_moe.py --models
+# qwen3-30b-a3b --batch-sizes 2048 16384 --block-m 64 128 --block-n 64 128 256 --block-k 64
+# 128 --warps 4 8 --stages 3 4 --no-graph` (eager, as prefill runs; 23 configs each). At
+# 16,384 tokens the op took 3,446 us against 4,160 for the heuristic's pick; in
+# bench/throughput_offline.py (1024 x 1024 in / 128 out, same device call) the prefill steps
+# went 314.7 -> 280.3 ms and the run 33,107 -> 36,857 tok/s. The same sweep's pick for
+# DeepSeek-V2-Lite (5,498 against 7,017 us alone) made its offline run slower, 38,180 ->
+# 37,173 tok/s (prefill steps 306.6 -> 314.6 ms), so its prefill sizes keep the heuristic.
 TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
     (2048, 768): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
         32: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3),
+        2048: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
+        16384: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     },
     (2048, 1408): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
@@ -46,11 +59,18 @@ def token_bucket(num_tokens: int) -> int:
     return 1 << max(0, num_tokens - 1).bit_length()
 
 
-def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
+def regime(num_tokens: int, top_k: int, num_experts: int) -> int:
+    """Which of ``default_config``'s three cases T tokens fall in (0 decode, 1 between, 2
+    prefill), from the rows each expert expects."""
     rows_per_expert = num_tokens * top_k / num_experts
-    if rows_per_expert <= 16:  # decode: mostly padding, keep M small and stream weights
+    return 0 if rows_per_expert <= 16 else 1 if rows_per_expert <= 64 else 2
+
+
+def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
+    case = regime(num_tokens, top_k, num_experts)
+    if case == 0:  # decode: mostly padding, keep M small and stream weights
         return MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-    if rows_per_expert <= 64:
+    if case == 1:
         return MoeConfig(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
     return MoeConfig(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
 
@@ -59,9 +79,11 @@ def get_config(num_tokens: int, top_k: int, num_experts: int, hidden: int, inter
     table = TUNED.get((hidden, inter))
     if table:
         bucket = token_bucket(num_tokens)
-        # The nearest tuned bucket at or above this one; past the largest tuned (prefill
-        # sizes when only decode was tuned) the shape heuristic knows better.
+        # The nearest tuned bucket at or above this one, if it was tuned for the same kind of
+        # batch; past the largest tuned, or across a regime, the shape heuristic knows better.
         above = [b for b in table if b >= bucket]
         if above:
-            return table[min(above)]
+            nearest = min(above)
+            if regime(nearest, top_k, num_experts) == regime(num_tokens, top_k, num_experts):
+                return table[nearest]
     return default_config(num_tokens, top_k, num_experts)
