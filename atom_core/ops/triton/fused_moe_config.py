@@ -37,13 +37,16 @@ class MoeConfig(TypedDict):
 # 128 --warps 4 8 --stages 3 4 --no-graph` (eager, as prefill runs; 23 configs each). At
 # 16,384 tokens the op took 3,446 us against 4,160 for the heuristic's pick; in
 # bench/throughput_offline.py (1024 x 1024 in / 128 out, same device call) the prefill steps
-# went 314.7 -> 280.3 ms and the run 33,107 -> 36,857 tok/s. The same sweep's pick for
+# went 314.7 -> 280.3 ms and the run 33,107 -> 36,857 tok/s. That run also gave the
+# 257-512-token bucket (its decode-only steps: 512 sequences, 32 rows an expert) the same
+# tiles, and those steps went 65.3 -> 59.8 ms against the heuristic's. The same sweep's pick for
 # DeepSeek-V2-Lite (5,498 against 7,017 us alone) made its offline run slower, 38,180 ->
 # 37,173 tok/s (prefill steps 306.6 -> 314.6 ms), so its prefill sizes keep the heuristic.
 TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
     (2048, 768): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
         32: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3),
+        512: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
         2048: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
         16384: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     },
