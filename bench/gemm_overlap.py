@@ -186,7 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--carveouts", nargs="+", type=int, default=[0, 8, 16, 32])
     p.add_argument("--blas", choices=["cublas", "cublaslt"], help="torch's preferred BLAS library (default: torch's)")
     p.add_argument("--json", default="bench/results/gemm_overlap.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if min(args.layers, args.decodes, args.prompts, args.context) < 1 or args.prompt_len < 2:
+        p.error("--layers, --decodes, --prompts and --context want at least 1, --prompt-len at least 2")
+    if args.decode_only == 1 or args.decode_only < 0 or min(args.carveouts) < 0:
+        p.error("--decode-only wants 0 (skip) or at least 2 sequences; --carveouts at least 0")
+    return args
 
 
 def main() -> int:

@@ -19,6 +19,7 @@ from tests.tiny_models import tiny_config
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import attention_overlap  # noqa: E402
 import decode_latency  # noqa: E402
+import gemm_overlap  # noqa: E402
 import gpu_models  # noqa: E402
 import throughput_offline  # noqa: E402
 import vllm_dummy_routing  # noqa: E402
@@ -164,6 +165,24 @@ def test_the_scripts_parse_their_flags():
     assert args.batch_sizes == [1, 16, 32] and args.hf_output_len == 64 and args.profile_batch_sizes is None
     args = throughput_offline.parse_args(["--model", "qwen3-30b-a3b", "--profile", "16"])
     assert args.profile == 16 and args.profile_start is None
+    assert gemm_overlap.parse_args([]).carveouts == [0, 8, 16, 32]
+    with pytest.raises(SystemExit):
+        gemm_overlap.parse_args(["--decode-only", "1"])
+
+
+def test_gemm_overlap_halves_write_the_rows_of_the_whole_batch():
+    """The decode-only case's two micro-batches: each half's attention rows (what its o_proj
+    reads) are the rows the whole batch's decode kernel writes for those sequences."""
+    step = attention_overlap.make_step(6, 37, 0, 2, device="cpu", dtype=torch.float32, heads=4, kv_heads=2,
+                                       head_dim=32)
+    whole = torch.full_like(step["q"], float("nan"))
+    attention_overlap.launchers(step, whole, num_sms=8)[0]()
+    seqs = torch.arange(6, dtype=torch.int32)
+    for part, lo in ((gemm_overlap.decode_part(step, seqs[:2], 2, 8), 0),
+                     (gemm_overlap.decode_part(step, seqs[2:], 4, 8), 2)):
+        part["attend"]()
+        assert part["rows"] == part["attn_rows"].shape[0]
+        torch.testing.assert_close(part["attn_rows"], whole[lo : lo + part["rows"]].reshape(part["rows"], -1))
 
 
 def test_gemv_config_overrides_replace_table_entries(monkeypatch):
