@@ -32,14 +32,27 @@ def refuse_parse(path, check):
     raise Parsed(path)
 
 
+READERS_MADE: list[str] = []  # paths the first parse built a gguf.GGUFReader for
+
+
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory):
     """(the embedded file, its cache root, a GGUFFile from a parse, one from the entry)."""
+    import gguf
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, *args, **kwargs):
+            READERS_MADE.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
     root = tmp_path_factory.mktemp("atom-cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATOM_CACHE_DIR", str(root))
         path = embedded_model_path()
+        mp.setattr(gguf, "GGUFReader", CountingReader)
         parsed = GGUFFile(path)
+        mp.undo()
+        mp.setenv("ATOM_CACHE_DIR", str(root))
         mp.setattr(gguf_cache, "_parse", refuse_parse)
         from_entry = GGUFFile(path)
     return path, root, parsed, from_entry
@@ -73,6 +86,44 @@ def test_the_entry_gives_what_the_parse_gives(cached):
     assert a.decode(list(range(400))) == b.decode(list(range(400)))
     assert (a.bos_token_id, a.eos_token_id, a.pad_token_id) == (b.bos_token_id, b.eos_token_id, b.pad_token_id)
     assert a.added_tokens_decoder == b.added_tokens_decoder and len(a) == len(b)
+
+
+def test_a_first_load_reads_the_header_once(cached):
+    """ATOM's reader, then transformers' config and tokenizer, from one gguf.GGUFReader."""
+    path, _, _, _ = cached
+    assert READERS_MADE == [str(path)]
+
+
+def test_the_parse_gives_what_transformers_gives_on_its_own(cached):
+    """The config and tokenizer built through the shared reader equal transformers' own
+    loads of the file, each with a reader of its own."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    path, _, parsed, _ = cached
+    ours = parsed.load_config().to_dict()
+    theirs = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
+    assert theirs.pop("architectures") is None  # load_config names ATOM's model class
+    assert ours.pop("architectures") == ["LlamaForCausalLM"] and ours == theirs
+    a, b = parsed.load_tokenizer(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert [a(t)["input_ids"] for t in TEXTS] == [b(t)["input_ids"] for t in TEXTS]
+    assert a.decode(list(range(400))) == b.decode(list(range(400)))
+    assert a.added_tokens_decoder == b.added_tokens_decoder and len(a) == len(b)
+
+
+def test_other_files_get_a_reader_of_their_own(tmp_path):
+    import gguf
+
+    made = []
+    shared = object()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", lambda p, *a, **k: made.append((str(p), a, k)) or "fresh")
+        with gguf_cache.parsed_once(shared, embedded_model_path()):
+            assert gguf.GGUFReader(str(embedded_model_path())) is shared
+            assert gguf.GGUFReader(tmp_path / "other.gguf") == "fresh"
+            assert gguf.GGUFReader(str(embedded_model_path()), "r+") == "fresh"
+        assert gguf.GGUFReader(str(embedded_model_path())) == "fresh"  # restored on exit
+    assert made == [(str(tmp_path / "other.gguf"), (), {}), (str(embedded_model_path()), ("r+",), {}),
+                    (str(embedded_model_path()), (), {})]
 
 
 def test_tensor_views_are_the_readers(cached):
