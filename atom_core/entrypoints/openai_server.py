@@ -50,12 +50,16 @@ def build_app(args: argparse.Namespace) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = EngineClient(config, args.served_model_name)
-        # Resolved once, from the chat template, before the engine starts (and logged).
-        parser, encoder = resolve_chat_parser(
-            client, config.model_config.model, args.tool_call_parser, args.reasoning_parser
-        )
-        await client.start()
+        client = EngineClient(config, args.served_model_name)  # the engine starts loading
+        try:
+            # Resolved once, from the chat template, while the engine loads (and logged).
+            parser, encoder = resolve_chat_parser(
+                client, config.model_config.model, args.tool_call_parser, args.reasoning_parser
+            )
+            await client.start()
+        except BaseException:
+            client.abandon()
+            raise
         metrics = ServerMetrics(client.model_name)
         client.stats_listeners.append(metrics.on_stats)
         client.finish_listeners.append(metrics.on_finished)

@@ -5,6 +5,7 @@ needed."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 import signal
@@ -18,9 +19,11 @@ from pathlib import Path
 
 
 def free_port(span: int = 1) -> int:
-    """A port p with p .. p + span - 1 all free on 127.0.0.1."""
+    """A port p with p .. p + span - 1 all free on 127.0.0.1, below Linux's ephemeral range
+    (32768 on): a client polling a port there before the server listens can be handed that
+    very port as its own source and connect to itself, reading its request back."""
     for _ in range(200):
-        p = random.randint(20000, 60000)
+        p = random.randint(20000, 32767 - span)
         socks = []
         try:
             for q in range(p, p + span):
@@ -62,7 +65,7 @@ class ServerProcess:
                 with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
                     if r.status == 200:
                         return self
-            except (urllib.error.URLError, OSError):
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass  # not listening yet, or the engine is still loading
             time.sleep(0.3)
         raise RuntimeError(f"server not ready after {timeout}s: {self.log()}")

@@ -58,10 +58,10 @@ class EngineClient:
     """Starts the engine process and serves EngineClientAPI to the HTTP handlers."""
 
     def __init__(self, config: Config, served_model_name: str | None = None) -> None:
+        """Binds the engine's ports and starts its process, then loads the tokenizer while
+        the engine imports and loads the model (each takes seconds; ~2 s of a 19 s start of
+        the embedded model on a 2-core VM is the tokenizer). ``start`` waits for the engine."""
         self.config = config
-        self.tokenizer, self.chat_template = load_tokenizer(config)
-        if self.tokenizer is None:
-            raise ConfigError("the server needs a tokenizer: this model has none (pass --tokenizer)")
         model = config.model_config.model
         self.model_name = served_model_name or model or "SmolLM2-135M-Instruct"
         self.model_aliases = {self.model_name, model} - {None}
@@ -73,6 +73,7 @@ class EngineClient:
         self._streams: dict[str, _Stream] = {}
         self._replies: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
+        self._reader: asyncio.Task | None = None
         self._ctx = zmq.asyncio.Context()
         self._out = self._ctx.socket(zmq.PUSH)
         self._in = self._ctx.socket(zmq.PULL)
@@ -93,13 +94,19 @@ class EngineClient:
             name="atom-engine-core",
             daemon=True,
         )
-        self._reader: asyncio.Task | None = None
+        self.process.start()
+        try:
+            self.tokenizer, self.chat_template = load_tokenizer(config)
+            if self.tokenizer is None:
+                raise ConfigError("the server needs a tokenizer: this model has none (pass --tokenizer)")
+        except BaseException:
+            self.abandon()
+            raise
 
     # --- life cycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the engine process and wait until its model is loaded."""
-        self.process.start()
+        """Wait until the engine process (started in ``__init__``) has loaded its model."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if await self._in.poll(int(HEALTH_POLL_S * 1000)):
@@ -127,6 +134,17 @@ class EngineClient:
                 self.process.kill()
         if self._reader is not None:
             self._reader.cancel()
+        self._close_sockets()
+
+    def abandon(self) -> None:
+        """Start-up failed: kill the engine process (it may still be loading, and would not
+        read a shutdown message until it is done) and close the sockets."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         self._out.close(linger=0)
         self._in.close(linger=0)
         self._ctx.term()
