@@ -26,6 +26,10 @@ of CUDA-event timings:
   its Triton kernels take whatever SMs are free.
 
 The GEMM alone under each carve-out is printed too, to show the carve-out took effect.
+
+Measured on an H200 (bench/RESULTS.md, eighteenth session): two streams were slower than the
+one forward in both cases (mixed 81.3 -> 85.8-86.4 ms, decode-only 6.99 -> 7.41-7.63), so the
+engine keeps one forward a step.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def test_a_model_without_a_tokenizer_fails_and_kills_the_started_engine(tmp_path
     assert not started[0].is_alive() and engines() == []
 
 
-def test_a_failed_start_can_be_abandoned(monkeypatch):
+def test_a_failed_start_can_be_abandoned():
     """What the server's lifespan does when resolving the chat parser or waiting for the
     engine fails: the engine, possibly still loading, is killed and the ports freed."""
     config = config_for(tiny_model_dir("llama"), "--device", "cpu")
