@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +49,7 @@ from atom_core.ops.triton.norm import rms_norm
 from atom_core.ops.triton.prefill_attention import paged_prefill_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
-from attention_overlap import HEAD_DIM, HEADS, KV_HEADS, make_step  # noqa: E402
+from attention_overlap import HEAD_DIM, HEADS, KV_HEADS, make_step, time_us  # noqa: E402
 from gpu_models import machine  # noqa: E402
 
 HIDDEN, INTER = 4096, 12288  # Qwen3-8B
@@ -95,19 +94,8 @@ def forward(layer: Layer, x: torch.Tensor, attend: Callable[[], None], attn_rows
         x = x + linear(silu_and_mul(linear(h, layer.gate_up)), layer.down)
 
 
-def time_ms(fn: Callable[[], None], iters: int = 3, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
+def time_ms(fn: Callable[[], None], iters: int = 3) -> float:
+    return time_us(fn, iters) / 1e3
 
 
 def two_streams(first: Callable[[], None], second: Callable[[], None], side: torch.cuda.Stream) -> Callable[[], None]:
