@@ -11,8 +11,10 @@ the chain: ``end_i - max(previous ends)``, and an idle GPU shows as a start past
 earlier end. This prints, per kernel (GEMVs and norms told apart by the kernel before
 them), calls a step, critical-path us a step and a call, mean duration, and the idle time
 after it; and, beside the step's TPOT from ``LLMEngine.generate``, the same graph replayed
-back to back (the GPU's time for a step, with no host in between). Dummy weights drawn
-N(0, 0.02), 512-token random prompts, greedy.
+back to back (the GPU's time for a step, with no host in between, over the last profiled
+step's inputs). The profiler slows the host, so idle time it shows counts only where the
+back-to-back replay is also faster than TPOT. Dummy weights drawn N(0, 0.02), 512-token
+random prompts, greedy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from gpu_models import (  # noqa: E402
     decoding,
     load_config,
     machine,
+    profiler_activities,
     random_prompts,
     randomize,
     sync,
@@ -103,7 +106,7 @@ def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 20) -> float:
 
 
 def main() -> None:
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import profile
 
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.sampling_params import SamplingParams
@@ -132,7 +135,7 @@ def main() -> None:
         for _ in range(4):
             engine.step()
         sync(engine.device)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=profiler_activities(engine.device)) as prof:
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 engine.step()
