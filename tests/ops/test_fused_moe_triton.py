@@ -63,6 +63,26 @@ def test_out_of_range_ids_are_skipped(dtype):
     assert not fused_moe(x, w13, w2, weights, ids, config=TINY)[7].any()
 
 
+def test_unwritten_rows_never_reach_the_output(monkeypatch):
+    # No kernel writes the intermediate's padding rows or the per-pair rows of pairs without
+    # an expert (torch.empty, no memset); poisoned with NaN, any read of them that reached a
+    # token's output would show.
+    x, w13, w2, weights, ids = moe_inputs(9, 5, 3, 32, 16, torch.float32)
+    ids[0, 1], ids[5, 2] = -1, 100
+    ids[7] = -1
+    ref = native_fused_moe(x, w13, w2, weights, ids)
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    got = fused_moe(x, w13, w2, weights, ids, config=TINY)
+    assert not got.isnan().any()
+    assert rel_err(got, ref) < tolerance(x.dtype)
+
+
 def test_default_config_path():
     # No config: the table's default for these shapes (BLOCK_M 16 at this load).
     check(*moe_inputs(3, 4, 2, 64, 32, torch.float32), config=None)
