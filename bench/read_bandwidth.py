@@ -6,8 +6,9 @@ The decode rooflines (decode_latency.py) divide the bytes a step reads by the
 device-to-device copy bandwidth (bytes read + written per second). A decode step only
 reads, and reads can go faster: this prints the copy bandwidth, ``torch.sum``'s read rate,
 and the fastest of a grid of Triton streaming reads (programs per SM, elements per
-iteration, warps, stages; each program sums one contiguous stretch). Medians of 10 timed
-runs after 3 warm-ups, over a buffer of ``--gib`` GiB (far past the L2).
+iteration, warps, stages; each program sums one contiguous stretch), then of the same read
+through a TMA tensor descriptor (box rows, programs per SM, warps, stages). Medians of 10
+timed runs after 3 warm-ups, over a buffer of ``--gib`` GiB (far past the L2).
 """
 
 from __future__ import annotations
@@ -66,6 +67,40 @@ def triton_reads(x: torch.Tensor) -> list[dict]:
     return sorted(rows, key=lambda r: -r["bytes_per_s"])
 
 
+@triton.jit
+def _tma_read_kernel(desc, out_ptr, rows, rows_per_prog, BM: tl.constexpr, BN: tl.constexpr):
+    start = tl.program_id(0) * rows_per_prog
+    acc = tl.zeros([BM, BN], tl.float32)
+    for r in range(start, tl.minimum(start + rows_per_prog, rows), BM):
+        acc += desc.load([r, 0]).to(tl.float32)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+
+def tma_reads(x: torch.Tensor) -> list[dict]:
+    """The same streaming read through a TMA tensor descriptor ([BM, 128] boxes of x viewed
+    as 128-wide rows): the copy engine's bulk loads instead of each thread's vector loads."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x2 = x.view(-1, 128)
+    rows, sms = x2.shape[0], torch.cuda.get_device_properties(x.device).multi_processor_count
+    results = []
+    for waves, bm, warps, stages in itertools.product((1, 2, 4), (32, 64, 128), (4, 8), (2, 3, 4)):
+        programs = sms * waves
+        per = triton.cdiv(triton.cdiv(rows, programs), bm) * bm
+        out = torch.empty(programs, device=x.device, dtype=torch.float32)
+        desc = TensorDescriptor.from_tensor(x2, block_shape=[bm, 128])
+        launch = functools.partial(_tma_read_kernel[(programs,)], desc, out, rows, per, BM=bm, BN=128,
+                                   num_warps=warps, num_stages=stages)
+        try:
+            s = median_s(launch)
+        except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said
+            print(f"TMA read BM {bm}, {warps} warps, {stages} stages: {type(exc).__name__}")
+            continue
+        results.append({"bytes_per_s": x.numel() * x.element_size() / s, "programs_per_sm": waves, "BM": bm,
+                        "num_warps": warps, "num_stages": stages})
+    return sorted(results, key=lambda r: -r["bytes_per_s"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=int, default=4)
@@ -78,14 +113,18 @@ def main() -> None:
     nbytes = x.numel() * x.element_size()
     torch_sum = nbytes / median_s(lambda: x.sum(dtype=torch.float32))
     reads = triton_reads(x)
+    tma = tma_reads(x)
     print(f"copy (read + write) {copy / 1e12:.3f} TB/s; torch.sum {torch_sum / 1e12:.3f} TB/s")
     for r in reads[:3]:
         print(f"Triton read {r['bytes_per_s'] / 1e12:.3f} TB/s: {r['programs_per_sm']} programs/SM, "
               f"BLOCK {r['BLOCK']}, {r['num_warps']} warps, {r['num_stages']} stages")
+    for r in tma[:3]:
+        print(f"TMA read {r['bytes_per_s'] / 1e12:.3f} TB/s: {r['programs_per_sm']} programs/SM, "
+              f"BM {r['BM']}, {r['num_warps']} warps, {r['num_stages']} stages")
     print(f"read ceiling / copy bandwidth: {reads[0]['bytes_per_s'] / copy:.3f}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": machine(), "copy_bytes_per_s": copy, "torch_sum_bytes_per_s": torch_sum,
-                                     "triton_reads": reads}, indent=1) + "\n")
+                                     "triton_reads": reads, "tma_reads": tma}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
