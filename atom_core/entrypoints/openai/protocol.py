@@ -2,7 +2,9 @@
 
 Requests are pydantic models, so FastAPI validates them and a bad field comes back as a
 400 naming it (errors_http.py). They tolerate fields this server does not know - OpenAI
-clients add new ones every release - and ignore them (kept in ``model_extra``, unread).
+clients add new ones every release - and ignore them (kept in ``model_extra``, unread),
+except the known ones that would constrain what is generated, which are refused
+(``UNSUPPORTED``).
 An explicit ``null`` means "not given" and takes the default, except ``max_tokens``,
 where it means "as many as fit in the context" (what vLLM does with it).
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -75,8 +77,37 @@ class ChatMessage(BaseModel):
         return "\n".join(texts)
 
 
+def _asks_for_json(value: Any) -> bool:
+    return not (isinstance(value, dict) and value.get("type") == "text")
+
+
+# Fields that constrain or bias what is generated, which this server does not implement:
+# OpenAI's and vLLM's spellings. Ignored like other unknown fields, each would return
+# output the client did not ask for (text where it asked for JSON, tokens it banned), so a
+# value that asks for something is a 400 naming the field. Each test says whether a value
+# asks for anything: an empty logit_bias or response_format {"type": "text"} does not.
+UNSUPPORTED: dict[str, Any] = {
+    "logit_bias": bool,
+    "response_format": _asks_for_json,
+    "guided_json": lambda v: True,
+    "guided_regex": lambda v: True,
+    "guided_choice": lambda v: True,
+    "guided_grammar": lambda v: True,
+    "structured_outputs": lambda v: True,
+    "logits_processors": bool,
+}
+# The completions endpoint's own: best_of (more candidates than returned, the best kept)
+# and suffix (text after the insertion point).
+UNSUPPORTED_COMPLETIONS: dict[str, Any] = {
+    **UNSUPPORTED,
+    "suffix": bool,
+}
+
+
 class _SamplingRequest(OpenAIRequest):
     """Fields both endpoints share."""
+
+    unsupported_fields: ClassVar[dict[str, Any]] = UNSUPPORTED
 
     model: str | None = None
     temperature: float = 1.0
@@ -111,6 +142,13 @@ class _SamplingRequest(OpenAIRequest):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def _params(self, max_tokens: int, **kw: Any) -> SamplingParams:
+        for name, value in (self.model_extra or {}).items():
+            asks = self.unsupported_fields.get(name)
+            if asks is not None and asks(value):
+                raise InvalidRequestError(
+                    f"{name} is not supported by this server; leave it out (the output would not honour it)",
+                    param=name,
+                )
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
@@ -203,10 +241,13 @@ class CompletionRequest(_SamplingRequest):
     string, a list of strings, a list of token ids or a list of token-id lists. Each
     prompt gets ``n`` choices; choice index = prompt_index * n + j (OpenAI's order)."""
 
+    unsupported_fields: ClassVar[dict[str, Any]] = UNSUPPORTED_COMPLETIONS
+
     prompt: list[Prompt]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_special_tokens: bool = True  # vLLM's extension: BOS etc. on text prompts
+    best_of: int | None = None  # only best_of == n (one candidate per returned choice)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -233,6 +274,11 @@ class CompletionRequest(_SamplingRequest):
         return self.echo and self.max_tokens == 0
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError(
+                f"best_of {self.best_of} is not supported: each choice is one candidate (best_of = n = {self.n})",
+                param="best_of",
+            )
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
         if self.echo_only:
             max_tokens = 1

@@ -228,6 +228,14 @@ BAD_CHAT = [
     ({"messages": USER, "tool_choice": 3}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x " * 200}]}, 400, "messages"),
     ({"model": "gpt-4", "messages": USER}, 404, "model"),
+    # Known fields that would constrain what is generated: refused, not ignored.
+    ({"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+     "response_format"),
+    ({"messages": USER, "logit_bias": {"42": -100}}, 400, "logit_bias"),
+    ({"messages": USER, "guided_json": {"type": "object"}}, 400, "guided_json"),
+    ({"messages": USER, "guided_choice": ["yes", "no"]}, 400, "guided_choice"),
+    ({"messages": USER, "structured_outputs": {"regex": "a+"}}, 400, "structured_outputs"),
 ]
 
 
@@ -237,6 +245,14 @@ def test_bad_chat_requests_get_their_status_and_the_openai_shape(body, status, p
     err = assert_error(post(engine, "/v1/chat/completions", body), status, param)
     assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert engine.calls == []
+
+
+def test_the_defaults_of_refused_fields_are_accepted():
+    # What asks for nothing passes: text output, an empty bias; other unknown fields too.
+    engine = FakeEngineClient()
+    body = {"messages": USER, "response_format": {"type": "text"}, "logit_bias": {}, "some_new_field": 1}
+    assert post(engine, "/v1/chat/completions", body).status_code == 200
+    assert len(engine.calls) == 1
 
 
 def test_prompt_too_long_names_the_context_length():

@@ -134,6 +134,11 @@ BAD_COMPLETIONS = [
     ({"prompt": ""}, "prompt"),
     ({"prompt": "x " * 200}, "prompt"),
     ({"prompt": ["ok", "x " * 200]}, "prompt"),
+    ({"prompt": "hi", "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "n": 2, "best_of": 3}, "best_of"),
+    ({"prompt": "hi", "suffix": " the end"}, "suffix"),
+    ({"prompt": "hi", "logit_bias": {"7": 5}}, "logit_bias"),
+    ({"prompt": "hi", "guided_regex": "[0-9]+"}, "guided_regex"),
 ]
 
 
@@ -142,6 +147,13 @@ def test_bad_completion_requests(body, param):
     engine = FakeEngineClient()
     assert_error(post(engine, "/v1/completions", body), 400, param, "invalid_request_error")
     assert engine.calls == []
+
+
+def test_best_of_equal_to_n_and_an_empty_suffix_are_accepted():
+    engine = FakeEngineClient()
+    body = {"prompt": "hi", "n": 2, "best_of": 2, "suffix": ""}
+    assert post(engine, "/v1/completions", body).status_code == 200
+    assert len(engine.calls) == 2
 
 
 def test_completion_unknown_model_is_404():
