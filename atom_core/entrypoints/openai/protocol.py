@@ -84,8 +84,9 @@ def _asks_for_json(value: Any) -> bool:
 # Fields that constrain or bias what is generated, which this server does not implement:
 # OpenAI's and vLLM's spellings. Ignored like other unknown fields, each would return
 # output the client did not ask for (text where it asked for JSON, tokens it banned), so a
-# value that asks for something is a 400 naming the field. Each test says whether a value
-# asks for anything: an empty logit_bias or response_format {"type": "text"} does not.
+# value that asks for something is a 400 naming the field. Each entry's function says
+# whether a value asks for anything: an empty logit_bias or response_format {"type": "text"}
+# does not.
 UNSUPPORTED: dict[str, Any] = {
     "logit_bias": bool,
     "response_format": _asks_for_json,
@@ -96,8 +97,8 @@ UNSUPPORTED: dict[str, Any] = {
     "structured_outputs": lambda v: True,
     "logits_processors": bool,
 }
-# The completions endpoint's own: best_of (more candidates than returned, the best kept)
-# and suffix (text after the insertion point).
+# The completions endpoint's own: suffix (text after the insertion point). Its best_of is a
+# declared field, refused unless it equals n (CompletionRequest.to_sampling_params).
 UNSUPPORTED_COMPLETIONS: dict[str, Any] = {
     **UNSUPPORTED,
     "suffix": bool,
