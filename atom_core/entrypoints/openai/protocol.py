@@ -81,6 +81,10 @@ def _asks_for_json(value: Any) -> bool:
     return not (isinstance(value, dict) and value.get("type") == "text")
 
 
+def _asks_for_more_than_text(value: Any) -> bool:
+    return not (isinstance(value, list) and set(value) <= {"text"})
+
+
 # Fields that constrain or bias what is generated, which this server does not implement:
 # OpenAI's and vLLM's spellings. Ignored like other unknown fields, each would return
 # output the client did not ask for (text where it asked for JSON, tokens it banned), so a
@@ -96,6 +100,9 @@ UNSUPPORTED: dict[str, Any] = {
     "guided_grammar": lambda v: True,
     "structured_outputs": lambda v: True,
     "logits_processors": bool,
+    # Output in other modalities (OpenAI's audio replies).
+    "modalities": _asks_for_more_than_text,
+    "audio": lambda v: True,
 }
 # The completions endpoint's own: suffix (text after the insertion point). Its best_of is a
 # declared field, refused unless it equals n (CompletionRequest.to_sampling_params).

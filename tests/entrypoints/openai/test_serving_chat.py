@@ -236,6 +236,8 @@ BAD_CHAT = [
     ({"messages": USER, "guided_json": {"type": "object"}}, 400, "guided_json"),
     ({"messages": USER, "guided_choice": ["yes", "no"]}, 400, "guided_choice"),
     ({"messages": USER, "structured_outputs": {"regex": "a+"}}, 400, "structured_outputs"),
+    ({"messages": USER, "modalities": ["text", "audio"]}, 400, "modalities"),
+    ({"messages": USER, "audio": {"voice": "alloy", "format": "wav"}}, 400, "audio"),
 ]
 
 
@@ -250,7 +252,8 @@ def test_bad_chat_requests_get_their_status_and_the_openai_shape(body, status, p
 def test_the_defaults_of_refused_fields_are_accepted():
     # What asks for nothing passes: text output, an empty bias; other unknown fields too.
     engine = FakeEngineClient()
-    body = {"messages": USER, "response_format": {"type": "text"}, "logit_bias": {}, "some_new_field": 1}
+    body = {"messages": USER, "response_format": {"type": "text"}, "logit_bias": {}, "modalities": ["text"],
+            "some_new_field": 1}
     assert post(engine, "/v1/chat/completions", body).status_code == 200
     assert len(engine.calls) == 1
 
