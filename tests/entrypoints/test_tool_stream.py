@@ -24,9 +24,10 @@ TOOLS = [
 ]
 
 
-def run(text: str, size: int | None = None, tools=TOOLS, tool_choice=None):
+def run(text: str, size: int | None = None, tools=TOOLS, tool_choice=None, parallel=True):
     ids = (f"id{i}" for i in itertools.count())
-    st = ToolCallStream(ToyFormat(), ToolPolicy.from_request(tools, tool_choice), make_id=lambda: next(ids))
+    policy = ToolPolicy.from_request(tools, tool_choice, parallel)
+    st = ToolCallStream(ToyFormat(), policy, make_id=lambda: next(ids))
     size = size or max(len(text), 1)
     per_feed = [st.feed(text[i : i + size]) for i in range(0, len(text), size)]
     per_feed.append(st.finish())
@@ -80,6 +81,22 @@ def test_two_calls_get_consecutive_indices(size):
     assert [c.index for c in st.calls] == [0, 1]
     starts = [e for evs in per_feed for e in evs if isinstance(e, ToolCallStart)]
     assert [(s.index, s.name) for s in starts] == [(0, "search"), (1, "get_weather")]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_without_parallel_calls_only_the_first_permitted_call_goes_out(size):
+    # parallel_tool_calls false: the first call that may be dispatched is, the rest are
+    # dropped like forbidden ones (markup and all), at every chunk size; a forbidden call
+    # before it does not use up the one.
+    text = ('Ok.<call>get_weather {"city": "Oslo"}</call><call>search {"q": 1}</call> then'
+            '<call>get_weather {"city": "Rome"}</call> done')
+    choice = {"type": "function", "function": {"name": "search"}}
+    for tool_choice, want in ((None, [("get_weather", {"city": "Oslo"})]), (choice, [("search", {"q": 1})])):
+        content, calls, per_feed, st = run(text, size, tool_choice=tool_choice, parallel=False)
+        assert (content, calls, st.suppressed) == ("Ok. then done", want, 2)
+        starts = [e for evs in per_feed for e in evs if isinstance(e, ToolCallStart)]
+        assert [(e.index, e.name) for e in starts] == [(0, want[0][0])]
+        assert [e.index for evs in per_feed for e in evs if isinstance(e, ToolCallArguments)] == [0]
 
 
 def test_the_name_goes_out_before_the_arguments_for_a_declared_tool():

@@ -139,6 +139,26 @@ def test_openai_sdk_accumulates_streamed_calls_into_the_non_streamed_ones(replay
     assert max(i for i, k in enumerate(order) if k == "tool_calls") < len(order) - 1
 
 
+def test_without_parallel_calls_both_apis_return_the_first_call_only(replay, oai, claude):
+    # The reply holds two calls; the client allowed one. Streamed and not, the same one.
+    kw = dict(model="replay", messages=USER, tools=TOOLS, max_tokens=1000, parallel_tool_calls=False)
+    replay.say(REPLY)
+    full = oai.chat.completions.create(**kw)
+    replay.say(REPLY)
+    streamed = {}
+    for chunk in oai.chat.completions.create(**kw, stream=True):
+        for tc in chunk.choices[0].delta.tool_calls or ():
+            streamed[tc.index] = streamed.get(tc.index, "") + (tc.function.arguments or "")
+    calls = full.choices[0].message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert streamed == {0: calls[0].function.arguments}
+    assert full.choices[0].message.content.endswith(EXPLANATION)
+    replay.say(REPLY)
+    message = claude.messages.create(model="replay", max_tokens=1000, messages=USER, tools=ANTHROPIC_TOOLS,
+                                     tool_choice={"type": "auto", "disable_parallel_tool_use": True})
+    assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [("get_weather", {"city": "Paris"})]
+
+
 def test_anthropic_message_stream_matches_the_message(replay, claude):
     kw = dict(model="replay", max_tokens=1000, messages=USER, tools=ANTHROPIC_TOOLS)
     replay.say(REPLY)

@@ -189,6 +189,7 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
     tools: list[dict[str, Any]] | None = None  # passed to the chat template
     tool_choice: str | dict[str, Any] | None = None  # the reader's ToolPolicy; "none" without tools
+    parallel_tool_calls: bool = True  # False: at most one call dispatched (ToolPolicy.parallel)
     chat_template_kwargs: dict[str, Any] | None = None
     # The thinking switch in the spellings clients send: Qwen/DashScope's top-level
     # enable_thinking, and {"type": "enabled" | "disabled"} (Anthropic, DeepSeek, Kimi).

@@ -196,6 +196,7 @@ class ReplyReading:
     tool_choice: str | Mapping[str, Any] | None
     show_reasoning: bool = True
     make_id: Callable[[], str] = new_call_id
+    parallel_tool_calls: bool = True
 
     @classmethod
     def build(cls, parser: ResponseParser, prompt: str, tools: Sequence[Any] | None,
@@ -206,13 +207,14 @@ class ReplyReading:
 
     def reader(self) -> ResponseReader:
         """Streaming: one per choice."""
-        return self.parser.reader(prompt=self.prompt, tools=self.tools,
-                                  tool_choice=self.tool_choice, make_id=self.make_id)
+        return self.parser.reader(prompt=self.prompt, tools=self.tools, tool_choice=self.tool_choice,
+                                  make_id=self.make_id, parallel_tool_calls=self.parallel_tool_calls)
 
     def whole(self, text: str, finish_reason: str) -> ParsedResponse:
         """Not streaming: the same reader fed the whole text once."""
         return self.parser.read_whole(text, finish_reason, prompt=self.prompt, tools=self.tools,
-                                      tool_choice=self.tool_choice, make_id=self.make_id)
+                                      tool_choice=self.tool_choice, make_id=self.make_id,
+                                      parallel_tool_calls=self.parallel_tool_calls)
 
 
 def _delta_of(event: Event) -> ChatDelta:
@@ -268,7 +270,8 @@ class OpenAIServingChat:
         prompt, prompt_ids, show_reasoning = self.render(request)
         check_prompt_len(self.engine, len(prompt_ids), "messages")
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
-                                     show_reasoning=show_reasoning)
+                                     show_reasoning=show_reasoning,
+                                     parallel_tool_calls=request.parallel_tool_calls)
         params = request.to_sampling_params(self.engine.max_model_len - len(prompt_ids))
         rid = random_id("chatcmpl")
         jobs = [

@@ -313,12 +313,13 @@ class AnthropicServingMessages:
             chat_messages(request), tools, {"add_generation_prompt": True, **kwargs}
         )
         check_prompt_len(self.engine, len(prompt_ids), "messages")
-        tool_choice = None
+        tool_choice, parallel = None, True
         if request.tool_choice is not None:
             tool_choice = request.tool_choice.model_dump(include={"type", "name"}, exclude_none=True)
+            parallel = not request.tool_choice.disable_parallel_tool_use
         reading = ReplyReading.build(
             self.chat.parser, prompt, tools, tool_choice, show_reasoning=show_thinking,
-            make_id=tool_use_id,
+            make_id=tool_use_id, parallel_tool_calls=parallel,
         )
         params = SamplingParams(
             temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,

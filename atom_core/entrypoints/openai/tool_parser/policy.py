@@ -16,6 +16,10 @@ named         (``{"type": "function", "function": {"name": X}}``, or Anthropic's
               dropped like forbidden ones.
 
 Anthropic spellings are accepted too: ``{"type": "auto" | "any" | "none"}``.
+
+``parallel`` False (OpenAI's ``parallel_tool_calls: false``, Anthropic's
+``disable_parallel_tool_use``) dispatches at most one call: the first permitted one; later
+calls are dropped like forbidden ones.
 """
 
 from __future__ import annotations
@@ -46,17 +50,19 @@ class ToolPolicy:
     choice: str = "auto"  # auto | none | required | named
     named: str | None = None
     _declared: frozenset[str] = field(default=frozenset(), repr=False)
+    parallel: bool = True
 
     @classmethod
     def from_request(
-        cls, tools: Sequence[Any] | None = None, tool_choice: str | Mapping[str, Any] | None = None
+        cls, tools: Sequence[Any] | None = None, tool_choice: str | Mapping[str, Any] | None = None,
+        parallel: bool = True,
     ) -> ToolPolicy:
         """From OpenAI (or Anthropic) request fields; bad input raises InvalidRequestError."""
         declared = None if tools is None else dict(_tool_entry(t) for t in tools)
         choice, named = cls._read_choice(tool_choice)
         if named is not None and declared is not None and named not in declared:
             raise InvalidRequestError(f"tool_choice names {named!r}, which is not in tools", param="tool_choice")
-        return cls(declared, choice, named, frozenset(declared or ()))
+        return cls(declared, choice, named, frozenset(declared or ()), parallel)
 
     @staticmethod
     def _read_choice(tool_choice: str | Mapping[str, Any] | None) -> tuple[str, str | None]:

@@ -179,6 +179,7 @@ class ResponseParser:
         tools: Sequence[Any] | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
         make_id: Callable[[], str] = new_call_id,
+        parallel_tool_calls: bool = True,
     ) -> ResponseReader:
         """A reader for one request. Whether output begins inside the reasoning channel is
         ``starts_in_reasoning`` if given, else read from the rendered ``prompt``."""
@@ -186,7 +187,8 @@ class ResponseParser:
             channel = ReasoningChannel.for_prompt(self.dialect, prompt or "")
         else:
             channel = ReasoningChannel(self.dialect, starts_in_reasoning)
-        return ResponseReader(channel, self.tool_format, ToolPolicy.from_request(tools, tool_choice), make_id)
+        policy = ToolPolicy.from_request(tools, tool_choice, parallel_tool_calls)
+        return ResponseReader(channel, self.tool_format, policy, make_id)
 
     def read_whole(self, text: str, finish_reason: str = "stop", **request: Any) -> ParsedResponse:
         """stream=false: the same reader, fed the whole text once."""

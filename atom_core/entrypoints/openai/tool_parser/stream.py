@@ -234,7 +234,7 @@ class ToolCallStream:
         if not res:
             return
         call = res[0]
-        if call.name and self._policy.announces(call.name):
+        if call.name and self._policy.announces(call.name) and self._room():
             r.announced = DispatchedCall(self._next_index, call.id or self._make_id(), call.name, "")
             self._next_index += 1
             self._events.append(ToolCallStart(r.announced.index, r.announced.id, call.name))
@@ -297,6 +297,9 @@ class ToolCallStream:
             if announced is not None and i == 0 and call.name == announced.name:
                 index, cid = announced.index, announced.id
                 announced = None
+            elif not self._room():
+                self.suppressed += 1
+                continue
             else:
                 index, cid = self._next_index, call.id or self._make_id()
                 self._next_index += 1
@@ -306,6 +309,10 @@ class ToolCallStream:
         if announced is not None:
             logger.warning("tool call %s was announced but parsed differently", announced.name)
             self._record(announced.index, announced.id, announced.name, "{}")
+
+    def _room(self) -> bool:
+        """Whether another call may be dispatched (one only without parallel calls)."""
+        return self._policy.parallel or self._next_index == 0
 
     def _record(self, index: int, cid: str, name: str, arguments: str) -> None:
         self._events.append(ToolCallArguments(index, arguments))
