@@ -83,14 +83,15 @@ def test_missing_messages_is_refused():
 
 def test_unknown_fields_are_tolerated_and_null_means_default():
     r = chat(
-        parallel_tool_calls=True,
+        service_tier="auto",
         response_format={"type": "text"},
         temperature=None,
         n=None,
         stop=None,
+        parallel_tool_calls=None,
     )
-    assert r.temperature == 1.0 and r.n == 1 and r.stop is None
-    assert r.model_extra["parallel_tool_calls"] is True
+    assert r.temperature == 1.0 and r.n == 1 and r.stop is None and r.parallel_tool_calls is True
+    assert r.model_extra["service_tier"] == "auto"
 
 
 def test_explicit_null_max_tokens_means_the_rest_of_the_context():
