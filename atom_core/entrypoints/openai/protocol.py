@@ -77,6 +77,10 @@ class ChatMessage(BaseModel):
         return "\n".join(texts)
 
 
+def _always(value: Any) -> bool:
+    return True
+
+
 def _asks_for_json(value: Any) -> bool:
     return not (isinstance(value, dict) and value.get("type") == "text")
 
@@ -94,15 +98,15 @@ def _asks_for_more_than_text(value: Any) -> bool:
 UNSUPPORTED: dict[str, Any] = {
     "logit_bias": bool,
     "response_format": _asks_for_json,
-    "guided_json": lambda v: True,
-    "guided_regex": lambda v: True,
-    "guided_choice": lambda v: True,
-    "guided_grammar": lambda v: True,
-    "structured_outputs": lambda v: True,
+    "guided_json": _always,
+    "guided_regex": _always,
+    "guided_choice": _always,
+    "guided_grammar": _always,
+    "structured_outputs": _always,
     "logits_processors": bool,
     # Output in other modalities (OpenAI's audio replies).
     "modalities": _asks_for_more_than_text,
-    "audio": lambda v: True,
+    "audio": _always,
 }
 # The completions endpoint's own: suffix (text after the insertion point). Its best_of is a
 # declared field, refused unless it equals n (CompletionRequest.to_sampling_params).
@@ -149,7 +153,8 @@ class _SamplingRequest(OpenAIRequest):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _params(self, max_tokens: int, **kw: Any) -> SamplingParams:
+    def _refuse_unsupported(self) -> None:
+        """A 400 for the first ``unsupported_fields`` entry whose value asks for something."""
         for name, value in (self.model_extra or {}).items():
             asks = self.unsupported_fields.get(name)
             if asks is not None and asks(value):
@@ -157,6 +162,9 @@ class _SamplingRequest(OpenAIRequest):
                     f"{name} is not supported by this server; leave it out (the output would not honour it)",
                     param=name,
                 )
+
+    def _params(self, max_tokens: int, **kw: Any) -> SamplingParams:
+        self._refuse_unsupported()
         return SamplingParams(
             temperature=self.temperature,
             top_p=self.top_p,
