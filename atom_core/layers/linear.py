@@ -15,6 +15,7 @@ from torch import nn
 
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 
 
 def tp_rank_and_size() -> tuple[int, int]:
@@ -66,7 +67,7 @@ class LinearBase(nn.Module):
             loaded_weight = loaded_weight.narrow(dim, self.tp_rank * size, size)
         default_weight_loader(param, loaded_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | DeferredNorm) -> torch.Tensor:
         return self._linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -95,9 +96,11 @@ class RowParallelLinear(LinearBase):
         _, tp_size = tp_rank_and_size()
         super().__init__(_divide(input_size, tp_size), output_size, bias, tp_dim=1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add_norm: AddNorm | None = None) -> torch.Tensor | DeferredNorm:
+        """``add_norm``: the next block's residual add and norm, for the op to finish where it
+        can (``atom_core.ops.deferred_norm``)."""
         # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
-        return self._linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return self._linear(x, self.weight, self.bias if self.tp_rank == 0 else None, add_norm=add_norm)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -26,6 +26,7 @@ from atom_core.layers.context import get_build_context
 from atom_core.layers.linear import default_weight_loader, tp_rank_and_size
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
 from atom_core.ops import resolve_op
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 
 
 class TopKRouter(nn.Module):
@@ -69,7 +70,7 @@ class TopKRouter(nn.Module):
             self.register_parameter("e_score_correction_bias", None)
         self._route = resolve_op("moe_route", get_build_context().device)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor | DeferredNorm) -> tuple[torch.Tensor, torch.Tensor]:
         return self._route(
             x, self.weight, self.top_k, self.scoring_func, self.renormalize, self.num_expert_group,
             self.topk_group, self.e_score_correction_bias, self.routed_scaling_factor,
@@ -161,12 +162,13 @@ class FusedMoE(nn.Module):
             self.weight_loader(param, chunk, shard_id, self.num_experts + j)
 
     def forward(
-        self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
-    ) -> torch.Tensor:
+        self, x: torch.Tensor | DeferredNorm, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+        add_norm: AddNorm | None = None,
+    ) -> torch.Tensor | DeferredNorm:
         """``topk_weights`` / ``topk_ids`` [T, k]: the routed choices; the op adds the shared
-        experts' slots itself."""
+        experts' slots itself. ``add_norm``: as ``RowParallelLinear.forward``'s."""
         return self._op(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
-                        num_shared_experts=self.num_shared_experts)
+                        num_shared_experts=self.num_shared_experts, add_norm=add_norm)
 
     def extra_repr(self) -> str:
         return (

@@ -13,11 +13,14 @@ pytest.importorskip("triton")
 
 
 import atom_core.layers.attention.triton_backend as triton_backend  # noqa: E402
+import atom_core.layers.decoder as decoder  # noqa: E402
 import atom_core.layers.rotary as rotary  # noqa: E402
 import atom_core.ops.triton.gemv as gemv  # noqa: E402
 import atom_core.ops.triton.plugin as triton_plugin  # noqa: E402
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
+from atom_core.ops.deferred_norm import DeferredNorm  # noqa: E402
 from atom_core.ops.triton.decode_attention import PRELOAD_MIN_SPLITS  # noqa: E402
+from atom_core.ops.triton.gemv_config import GemvConfig  # noqa: E402
 from atom_core.plugins import reset_plugins  # noqa: E402
 from atom_core.sampling_params import SamplingParams  # noqa: E402
 from tests.engine_reference import hf_greedy, hf_model
@@ -73,3 +76,29 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkey
     qwen3 = kind == "qwen3"
     assert launches and all(f == (qwen3 and s < PRELOAD_MIN_SPLITS) for f, s in launches)
     assert any(f for f, _ in launches) == qwen3
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "llama"])
+def test_deferred_norms_decode_matches_transformers(kind, triton_everywhere, monkeypatch):
+    """Every decode-sized GEMV split along K, so each o_proj and down projection (and the
+    MoE's pairs' sum) finishes the next norm (atom_core.ops.deferred_norm) and the qkv,
+    gate_up, router and expert kernels read it: still transformers' greedy tokens."""
+    split = GemvConfig(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, num_warps=4, num_stages=2)
+    table = gemv.get_config
+    monkeypatch.setattr(gemv, "get_config", lambda m, *a: split if m > 1 else table(m, *a))
+    inputs = []
+    pre_norm = decoder._pre_norm
+    monkeypatch.setattr(decoder, "_pre_norm", lambda norm, sub, x, *a: inputs.append(isinstance(x, DeferredNorm))
+                        or pre_norm(norm, sub, x, *a))
+    path = tiny_model_dir(kind)
+    rng = random.Random(2)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (7, 23, 31)]
+    engine = LLMEngine(str(path), enable_log_stats=False, device="cpu", block_size=8)
+    engine.runner.fast_decode = True
+    engine.runner._setup_fast_decode()
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outs = engine.generate(prompts, params)
+    assert [o["token_ids"] for o in outs] == hf_greedy(hf_model(path), prompts, 6)
+    # Decode steps of 2-3 rows: every norm but the first layer's input norm came deferred.
+    layers = len(engine.runner.model.model.layers)
+    assert sum(inputs) >= 2 * (2 * layers - 1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from atom_core.ops.deferred_norm import AddNorm
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :d]) * x[..., d:] for x of last dimension 2d."""
@@ -13,8 +15,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, add_norm: AddNorm | None = None
 ) -> torch.Tensor:
     """The gated MLP's activation and down projection: ``F.linear(silu_and_mul(x), weight,
-    bias)`` for x of last dimension 2K and weight [N, K]."""
+    bias)`` for x of last dimension 2K and weight [N, K]; ``add_norm`` declined, as
+    ``linear`` declines it."""
     return F.linear(silu_and_mul(x), weight, bias)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from atom_core.ops.native.linear import linear
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
+from atom_core.ops.native.linear import linear, rows_of
 
 
 def with_shared_expert_ids(topk_ids: torch.Tensor, num_experts: int, num_shared: int) -> torch.Tensor:
@@ -42,14 +43,18 @@ def with_shared_experts(
 
 
 def fused_moe(
-    hidden: torch.Tensor,
+    hidden: torch.Tensor | DeferredNorm,
     w13: torch.Tensor,
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
     num_shared_experts: int = 0,
+    add_norm: AddNorm | None = None,
 ) -> torch.Tensor:
+    """The routed (and shared) experts' sum; ``add_norm`` declined and a ``DeferredNorm``
+    normed, as ``linear`` does."""
+    hidden = rows_of(hidden)
     if num_shared_experts:
         topk_weights, topk_ids = with_shared_experts(topk_weights, topk_ids, w13.shape[0], num_shared_experts)
     num_tokens, top_k = topk_ids.shape
@@ -126,7 +131,7 @@ def select_experts(
 
 
 def route(
-    x: torch.Tensor,
+    x: torch.Tensor | DeferredNorm,
     gate_weight: torch.Tensor,
     top_k: int,
     scoring_func: str = "softmax",

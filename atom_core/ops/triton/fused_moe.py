@@ -23,7 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
+from atom_core.ops.triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
+from atom_core.ops.triton.gemv import reads_deferred
 from atom_core.ops.triton.moe_align import align_by_expert, pair_expert
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
@@ -31,10 +34,12 @@ from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 @triton.jit
 def _gate_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    ROW_SS: tl.constexpr, PDL: tl.constexpr,
 ):
+    """ROW_SS > 0: x is a ``DeferredNorm``'s h * weight, and each token's gate and up rows are
+    scaled by its 1/rms (from ss_ptr's ROW_SS partial sums) before they are rounded."""
     pdl_wait(PDL)
     pid_m = tl.program_id(0)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -60,6 +65,10 @@ def _gate_up_kernel(
         wu = tl.load(w_base + inter * w_stride_n + w_off, mask=w_mask, other=0.0)
         gate = tl.dot(a, wg, gate, input_precision=PRECISION)
         up = tl.dot(a, wu, up, input_precision=PRECISION)
+    if ROW_SS > 0:
+        rs = row_rms_scale(ss_ptr, token, valid, num_tokens, hidden, eps, ROW_SS)[:, None]
+        gate *= rs
+        up *= rs
     # Round where the native op does (gate_up, silu, product in the model dtype), so
     # both paths see the same intermediate up to accumulation order.
     dt = out_ptr.dtype.element_ty
@@ -110,8 +119,11 @@ def _down_kernel(
 @triton.jit
 def _sum_pairs_kernel(
     per_pair_ptr, ids_ptr, out_ptr, top_k, routed_k, num_experts, num_shared, hidden,
-    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
+    res_ptr, nw_ptr, scaled_ptr, ss_ptr, num_tokens,
+    BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, ADD_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
+    """ADD_NORM: out_ptr receives h = the sum + residual, scaled_ptr h * norm weight and ss_ptr
+    this column block's sum of h * h (a ``DeferredNorm``)."""
     pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -123,11 +135,17 @@ def _sum_pairs_kernel(
     e = pair_expert(ids_ptr, pair, j < top_k, top_k, routed_k, num_experts - num_shared)
     used = (j < top_k) & (e >= 0) & (e < num_experts)  # else the pair had no row: its slot is garbage
     rows = tl.load(per_pair_ptr + pair[:, None] * hidden + cols[None, :], mask=used[:, None] & col_ok[None, :], other=0.0)
-    tl.store(out_ptr + token * hidden + cols, tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty), mask=col_ok)
+    y = tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty)
+    offs = token * hidden + cols
+    if ADD_NORM:
+        ss = add_norm_store(y, res_ptr + offs, nw_ptr + cols, out_ptr + offs, scaled_ptr + offs, col_ok, 0)
+        tl.store(ss_ptr + tl.program_id(1) * num_tokens + token, ss)
+    else:
+        tl.store(out_ptr + offs, y, mask=col_ok)
 
 
 def fused_moe(
-    hidden: torch.Tensor,
+    hidden: torch.Tensor | DeferredNorm,
     w13: torch.Tensor,
     w2: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -135,10 +153,16 @@ def fused_moe(
     *,
     num_shared_experts: int = 0,
     config: MoeConfig | None = None,
-) -> torch.Tensor:
+    add_norm: AddNorm | None = None,
+) -> torch.Tensor | DeferredNorm:
     """[T, H] MoE output; ``config`` overrides the table's block sizes (for tuning). The
     shared experts' slots (``num_shared_experts``) exist only as pair indices: no tensor
-    of their ids or weights is built."""
+    of their ids or weights is built. ``hidden`` may be a ``DeferredNorm`` (its normed
+    rows); with ``add_norm`` the pairs' sum finishes it and the output is a DeferredNorm
+    (``atom_core.ops.deferred_norm``)."""
+    deferred = hidden if isinstance(hidden, DeferredNorm) else None
+    if deferred is not None:
+        hidden = deferred.scaled
     num_tokens, routed_k = topk_ids.shape
     top_k = routed_k + num_shared_experts
     num_experts, inter2, hidden_size = w13.shape
@@ -158,7 +182,9 @@ def fused_moe(
     _gate_up_kernel[(capacity // block_m, triton.cdiv(inter, block_n))](
         x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
         sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
+        deferred.sumsq if deferred is not None else act, num_tokens, deferred.eps if deferred is not None else 0.0,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        ROW_SS=deferred.sumsq.shape[0] if deferred is not None else 0, **launch,
     )
     # Pairs with an out-of-range id have no row and no program writes theirs: the sum skips them.
     per_pair = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
@@ -170,8 +196,18 @@ def fused_moe(
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     block_k = triton.next_power_of_2(top_k)
     block_h = min(4096 // block_k, triton.next_power_of_2(hidden_size))
-    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden_size, block_h))](
+    col_blocks = triton.cdiv(hidden_size, block_h)
+    finish = (add_norm is not None and add_norm.residual.shape == out.shape and add_norm.residual.dtype == out.dtype
+              and reads_deferred(out, add_norm.reader))
+    if finish:
+        residual, scaled = add_norm.residual.contiguous(), torch.empty_like(out)
+        sumsq = torch.empty((col_blocks, num_tokens), dtype=torch.float32, device=out.device)
+    _sum_pairs_kernel[(num_tokens, col_blocks)](
         per_pair, ids, out, top_k, routed_k, num_experts, num_shared_experts, hidden_size,
-        BLOCK_K=block_k, BLOCK_H=block_h, num_warps=4, **pdl_options(hidden.device),
+        residual if finish else out, add_norm.weight if finish else out, scaled if finish else out,
+        sumsq if finish else out, num_tokens,
+        BLOCK_K=block_k, BLOCK_H=block_h, ADD_NORM=finish, num_warps=4, **pdl_options(hidden.device),
     )
+    if finish:
+        return DeferredNorm(out, scaled, sumsq, add_norm.weight, add_norm.eps)
     return out

@@ -58,8 +58,10 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.ops.triton.activation import silu_and_mul
+from atom_core.ops.triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_core.ops.triton.gemv_config import (
     H200_SMS,
     MAX_ROWS,
@@ -108,11 +110,15 @@ def _load_norm_x(ptrs, res_ptrs, nw_ptrs, sum_ptrs, mask, store_mask, HAS_RES: t
 @triton.jit
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
-    res_ptr, nw_ptr, sum_ptr, ss_ptr, eps,
+    res_ptr, nw_ptr, sum_ptr, ss_ptr, eps, row_ss_ptr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr, SWAP: tl.constexpr,
+    ROW_SS: tl.constexpr,
 ):
+    """ROW_SS > 0: x is a ``DeferredNorm``'s h * weight and row_ss_ptr its [ROW_SS, M] partial
+    sums of h * h; each row of the product is scaled by 1/rms(h) at the end (here, or in the
+    split-K reduce)."""
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -215,6 +221,8 @@ def _gemv_kernel(
     else:
         if NORM:
             acc *= (1.0 / tl.sqrt(ss / K + eps))[:, None]
+        if ROW_SS > 0:
+            acc *= row_rms_scale(row_ss_ptr, rows, row_ok, M, K, eps, ROW_SS)[:, None]
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
@@ -223,24 +231,36 @@ def _gemv_kernel(
 
 @triton.jit
 def _split_k_reduce_kernel(
-    part_ptr, b_ptr, out_ptr, ss_ptr, M, N, K, eps, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    part_ptr, b_ptr, out_ptr, ss_ptr, M, N, K, eps,
+    res_ptr, nw_ptr, scaled_ptr, ss_out_ptr,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SS_PARTS: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Sums the splits in order; SS_PARTS > 0 scales the row by 1/rms from that many partial
+    sums of squares at ss_ptr (the fused norm's, or a ``DeferredNorm``'s). ADD_NORM: out_ptr
+    receives h = y + residual (not y), scaled_ptr h * norm weight, and ss_out_ptr this
+    column block's sum of h * h: a ``DeferredNorm`` for the next op."""
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < N
     pdl_wait(PDL)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    ss = 0.0
     for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
         acc += tl.load(part_ptr + (s * M + row).to(tl.int64) * N + cols, mask=col_ok, other=0.0)
-        if NORM:
+    if SS_PARTS > 0:
+        ss = 0.0
+        for s in tl.static_range(SS_PARTS):
             ss += tl.load(ss_ptr + s * M + row)
-    if NORM:
         acc *= 1.0 / tl.sqrt(ss / K + eps)
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row.to(tl.int64) * N + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+    offs = row.to(tl.int64) * N + cols
+    y = acc.to(out_ptr.dtype.element_ty)
+    if ADD_NORM:
+        ss = add_norm_store(y, res_ptr + offs, nw_ptr + cols, out_ptr + offs, scaled_ptr + offs, col_ok, 0)
+        tl.store(ss_out_ptr + tl.program_id(1) * M + row, ss)
+    else:
+        tl.store(out_ptr + offs, y, mask=col_ok)
 
 
 @functools.cache
@@ -287,15 +307,30 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
+def reads_deferred(x: torch.Tensor, reader: torch.Tensor | None) -> bool:
+    """Whether ``linear`` with weight ``reader`` (None: a reader that always can) would read
+    a DeferredNorm of rows like x through the kernel, rather than norm them for cuBLAS."""
+    if reader is None:
+        return True
+    if not supported(x, reader, None):
+        return False
+    m, (n, k) = x.numel() // x.shape[-1], reader.shape
+    return get_config(m, n, k, reader.element_size(), _num_sms(reader.device)) is not None
+
+
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool,
     norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None, reduce: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    deferred: DeferredNorm | None = None, add_norm: AddNorm | None = None,
+) -> tuple[torch.Tensor | DeferredNorm, torch.Tensor | None] | None:
     """(the product, the summed residual rows where ``norm`` has a residual) for a
     ``supported`` call, or None where the table says cuBLAS. ``norm``: (residual or None,
-    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded. Without
-    ``reduce`` the product comes as [S, M, N] split-K partial sums, S = 1 when unsplit,
-    for the next kernel to add in order (``linear_partials``); no bias or norm then."""
+    norm weight, eps) of an RMSNorm applied to x (+ residual) as it is loaded. ``deferred``:
+    x is that DeferredNorm's ``scaled``, and the product's rows are scaled by 1/rms.
+    ``add_norm``: where the product goes through the split-K reduce (and has more than one
+    row), the reduce finishes it and the product comes as a ``DeferredNorm``. Without
+    ``reduce`` the product comes as [S, M, N] split-K partial sums, S = 1 when unsplit, for
+    the next kernel to add in order (``linear_partials``); no bias or norm then."""
     n, k = weight.shape
     x2 = _rows(x)
     m = x2.shape[0]
@@ -311,10 +346,14 @@ def _launch(
     part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     has_bias = bias is not None
     residual, norm_weight, eps = norm if norm is not None else (None, weight, 0.0)
+    if deferred is not None:
+        eps = deferred.eps
     res2 = _rows(residual) if residual is not None else x2
     # A new tensor: programs of the other columns still read the residual.
     summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
     ss = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if norm is not None and split_k > 1 else out
+    row_ss = deferred.sumsq if deferred is not None else out
+    row_parts = deferred.sumsq.shape[0] if deferred is not None else 0
     pdl = pdl_options(x.device)
     fma = m > 1 and weight.dtype == torch.float32
     # tl.dot's smallest tile is 16 rows; the FMA path's tile grows with the rows it holds.
@@ -326,29 +365,50 @@ def _launch(
         block_m = WIDE_ROWS if wide_config(m, n, k, weight.element_size()) is not None else MAX_ROWS
     _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
-        res2, norm_weight, summed if summed is not None else x2, ss, eps,
+        res2, norm_weight, summed if summed is not None else x2, ss, eps, row_ss,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma, SWAP=block_m == WIDE_ROWS,
+        ROW_SS=row_parts if split_k == 1 else 0,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if not reduce:
         return part if split_k > 1 else out[None], None
     if split_k > 1:
         block = min(1024, triton.next_power_of_2(n))
-        _split_k_reduce_kernel[(m, triton.cdiv(n, block))](
-            part, bias if has_bias else weight, out, ss, m, n, k, eps, SPLIT_K=split_k, HAS_BIAS=has_bias,
-            NORM=norm is not None, BLOCK=block, **pdl,
+        col_blocks = triton.cdiv(n, block)
+        finish = (add_norm is not None and m > 1 and add_norm.residual.shape == (*x.shape[:-1], n)
+                  and add_norm.residual.dtype == out.dtype and reads_deferred(out, add_norm.reader))
+        if finish:
+            res_out, scaled = add_norm.residual.reshape(m, n).contiguous(), torch.empty_like(out)
+            ss_out = torch.empty((col_blocks, m), dtype=torch.float32, device=x.device)
+        _split_k_reduce_kernel[(m, col_blocks)](
+            part, bias if has_bias else weight, out, ss if norm is not None else row_ss, m, n, k, eps,
+            res_out if finish else out, add_norm.weight if finish else out, scaled if finish else out,
+            ss_out if finish else out,
+            SPLIT_K=split_k, HAS_BIAS=has_bias, SS_PARTS=split_k if norm is not None else row_parts,
+            ADD_NORM=finish, BLOCK=block, **pdl,
         )
+        if finish:
+            shape = (*x.shape[:-1], n)
+            return DeferredNorm(out.view(shape), scaled.view(shape), ss_out, add_norm.weight, add_norm.eps), None
     return out.view(*x.shape[:-1], n), summed.view(x.shape) if summed is not None else None
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
-) -> torch.Tensor:
+    x: torch.Tensor | DeferredNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    config: GemvConfig | None = None, add_norm: AddNorm | None = None,
+) -> torch.Tensor | DeferredNorm:
     """x @ weight.T + bias, an fp32 weight promoting x (the native op's contract);
-    ``config`` overrides the table's block sizes (for tuning)."""
-    res = _launch(x, weight, bias, config, gated=False) if supported(x, weight, bias) else None
+    ``config`` overrides the table's block sizes (for tuning). x may be a ``DeferredNorm``
+    (its normed rows); with ``add_norm`` the result may come as one (deferred_norm.py)."""
+    if isinstance(x, DeferredNorm):
+        res = _launch(x.scaled, weight, bias, config, gated=False, deferred=x, add_norm=add_norm) \
+            if supported(x.scaled, weight, bias) else None
+        if res is not None:
+            return res[0]
+        x = normed(x, rms_norm)
+    res = _launch(x, weight, bias, config, gated=False, add_norm=add_norm) if supported(x, weight, bias) else None
     return native_linear(x, weight, bias) if res is None else res[0]
 
 
@@ -362,13 +422,16 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, config: GemvConfig | None = None
-) -> torch.Tensor:
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    config: GemvConfig | None = None, add_norm: AddNorm | None = None,
+) -> torch.Tensor | DeferredNorm:
     """``linear(silu_and_mul(x), weight, bias)``, x [..., 2K] (gate | up) and weight [N, K]:
     one kernel for one row where the table has a config (the same bits as the two), else
-    the two ops."""
+    the two ops (``add_norm`` as ``linear``'s)."""
     res = _launch(x, weight, bias, config, gated=True) if supported(x, weight, bias, gated=True) else None
-    return linear(silu_and_mul(x), weight, bias, config=config) if res is None else res[0]
+    if res is not None:
+        return res[0]
+    return linear(silu_and_mul(x), weight, bias, config=config, add_norm=add_norm)
 
 
 def rms_norm_linear(

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_core.ops.deferred_norm import DeferredNorm
 from atom_core.ops.triton.gemv import linear_partials
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
@@ -23,7 +24,8 @@ from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 @triton.jit
 def _moe_topk_kernel(
     logits_ptr, logits_stride, split_stride, bias_ptr, weights_ptr, ids_ptr, num_experts, group_size, scale,
-    SPLITS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
+    ss_ptr, num_tokens, hidden, eps,
+    SPLITS: tl.constexpr, ROW_SS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
     HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_GROUPS: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
     PDL: tl.constexpr,
@@ -37,6 +39,11 @@ def _moe_topk_kernel(
     x = tl.load(logits_ptr + row * logits_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
     for s in tl.static_range(1, SPLITS):
         x += tl.load(logits_ptr + s * split_stride + row * logits_stride + offs, mask=valid, other=0.0)
+    if ROW_SS > 0:  # the router read a DeferredNorm's h * weight: its logits still want 1/rms(h)
+        ss = 0.0
+        for s in tl.static_range(ROW_SS):
+            ss += tl.load(ss_ptr + s * num_tokens + row)
+        x *= 1.0 / tl.sqrt(ss / hidden + eps)
     if SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -91,10 +98,13 @@ def select_experts(
     topk_group: int | None = None,
     e_score_correction_bias: torch.Tensor | None = None,
     routed_scaling_factor: float = 1.0,
+    deferred: DeferredNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_weights [T, k] fp32, topk_ids [T, k] int64) from router logits [T, E]; the
     native op's contract, up to the order of each row's ids (best first here). Logits of
-    shape [S, T, E] are S partial sums (``gemv.linear_partials``), added in order."""
+    shape [S, T, E] are S partial sums (``gemv.linear_partials``), added in order.
+    ``deferred``: the logits are of that DeferredNorm's ``scaled`` rows, still to be scaled
+    by 1/rms."""
     if scoring_func not in ("softmax", "sigmoid"):
         raise ValueError(f"MoE scoring function {scoring_func!r} is not supported")
     partials = router_logits if router_logits.dim() == 3 else router_logits[None]
@@ -111,7 +121,9 @@ def select_experts(
     _moe_topk_kernel[(num_tokens,)](
         partials, partials.stride(1), partials.stride(0), bias if bias is not None else partials,
         weights, ids, num_experts, num_experts // num_groups, float(routed_scaling_factor),
-        SPLITS=splits, TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        deferred.sumsq if deferred is not None else partials, num_tokens,
+        deferred.summed.shape[-1] if deferred is not None else 1, deferred.eps if deferred is not None else 0.0,
+        SPLITS=splits, ROW_SS=deferred.sumsq.shape[0] if deferred is not None else 0, TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
         SIGMOID=scoring_func == "sigmoid", HAS_BIAS=bias is not None, RENORMALIZE=renormalize,
         NUM_GROUPS=num_groups, TOPK_GROUP=min(topk_group or 1, num_groups),
         # One warp holds a row of up to 256 experts in 8 registers a lane; its reductions
@@ -122,7 +134,7 @@ def select_experts(
 
 
 def route(
-    x: torch.Tensor,
+    x: torch.Tensor | DeferredNorm,
     gate_weight: torch.Tensor,
     top_k: int,
     scoring_func: str = "softmax",
@@ -133,8 +145,10 @@ def route(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``moe_route`` op (``atom_core.ops.native.moe.route``): the gate's GEMV leaves its
-    split-K partial sums to this module's kernel, which adds them as it loads the row."""
+    split-K partial sums to this module's kernel, which adds them as it loads the row; a
+    ``DeferredNorm`` x's 1/rms is applied there too."""
+    deferred = x if isinstance(x, DeferredNorm) else None
     return select_experts(
-        linear_partials(x, gate_weight), top_k, scoring_func, renormalize, num_expert_group, topk_group,
-        e_score_correction_bias, routed_scaling_factor,
+        linear_partials(x.scaled if deferred is not None else x, gate_weight), top_k, scoring_func, renormalize,
+        num_expert_group, topk_group, e_score_correction_bias, routed_scaling_factor, deferred,
     )

@@ -16,6 +16,7 @@ from atom_core.layers.attention.layer import Attention
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel, GatedMLP
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.rotary import get_rope, rope_config
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 
 
 class LlamaAttention(nn.Module):
@@ -36,6 +37,8 @@ class LlamaAttention(nn.Module):
             self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
         )
 
+    defers_norm = True  # DecoderLayer: o_proj may finish the next norm
+
     @property
     def input_proj(self) -> QKVParallelLinear:
         """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
@@ -44,10 +47,12 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.forward_projected(positions, self.qkv_proj(hidden_states))
 
-    def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+    def forward_projected(
+        self, positions: torch.Tensor, qkv: torch.Tensor, add_norm: AddNorm | None = None
+    ) -> torch.Tensor | DeferredNorm:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v), add_norm)
 
 
 def llama_layer(config: Any) -> DecoderLayer:

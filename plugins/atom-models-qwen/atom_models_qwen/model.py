@@ -18,6 +18,7 @@ from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel, G
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import get_rope, rope_config
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 
 
 class Qwen3Attention(nn.Module):
@@ -40,6 +41,8 @@ class Qwen3Attention(nn.Module):
             self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
         )
 
+    defers_norm = True  # DecoderLayer: o_proj may finish the next norm
+
     @property
     def input_proj(self) -> QKVParallelLinear:
         """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
@@ -48,14 +51,16 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.forward_projected(positions, self.qkv_proj(hidden_states))
 
-    def forward_projected(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+    def forward_projected(
+        self, positions: torch.Tensor, qkv: torch.Tensor, add_norm: AddNorm | None = None
+    ) -> torch.Tensor | DeferredNorm:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # The per-head norms, RoPE and the K/V cache write go to the attention backend: its
         # own kernels where it fuses them (Triton decode), else as ops before attention.
         rope = self.rotary_emb
         spec = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
                           rope.cos_sin_cache, rope.is_neox)
-        return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec))
+        return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec), add_norm)
 
 
 def qwen3_mlp(config: Any) -> GatedMLP:

@@ -17,6 +17,7 @@ from torch import nn
 
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel
 from atom_core.layers.moe import FusedMoE, TopKRouter, load_hf_moe_weights
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_models_qwen.model import Qwen3Attention, check_no_sliding_window, qwen3_mlp
 
 
@@ -30,6 +31,8 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
+    defers_norm = True  # DecoderLayer: takes a DeferredNorm, and the experts may finish the next norm
+
     def __init__(self, config: Any) -> None:
         super().__init__()
         if config.hidden_act != "silu":
@@ -40,8 +43,8 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
         )
         self.experts = FusedMoE(config.num_experts, config.hidden_size, config.moe_intermediate_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts(x, *self.gate(x))
+    def forward(self, x: torch.Tensor | DeferredNorm, add_norm: AddNorm | None = None) -> torch.Tensor | DeferredNorm:
+        return self.experts(x, *self.gate(x), add_norm=add_norm)
 
 
 def qwen3_moe_layer(config: Any, layer_idx: int) -> DecoderLayer:
