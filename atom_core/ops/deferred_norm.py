@@ -55,10 +55,3 @@ def normed(d: DeferredNorm, rms_norm: Callable[[torch.Tensor, torch.Tensor, floa
     """The norm's output itself, from ``rms_norm`` over h (the unfused op's bits)."""
     return rms_norm(d.summed, d.weight, d.eps)
 
-
-def row_scale(d: DeferredNorm) -> torch.Tensor:
-    """[T, 1] fp32 1/rms(h), from the partial sums in their order (the kernels' arithmetic)."""
-    ss = d.sumsq[0]
-    for s in range(1, d.sumsq.shape[0]):
-        ss = ss + d.sumsq[s]
-    return (1.0 / torch.sqrt(ss / d.summed.shape[-1] + d.eps))[:, None]
