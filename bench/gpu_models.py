@@ -107,17 +107,22 @@ def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]
 
 
 def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]:
-    """``H,I,T=BM,BN,BK,WARPS,STAGES`` -> ((hidden, inter, token bucket), config): one
-    ``fused_moe_config.TUNED`` entry to run with instead of the shipped one."""
+    """``H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT]`` -> ((hidden, inter, token bucket), config):
+    one ``fused_moe_config.TUNED`` entry to run with instead of the shipped one."""
     try:
         shape, value = spec.split("=")
         h, i, t = (int(v) for v in shape.split(","))
-        bm, bn, bk, warps, stages = (int(v) for v in value.split(","))
+        values = [int(v) for v in value.split(",")]
+        if len(values) not in (5, 6):
+            raise ValueError
     except ValueError:
-        raise ValueError(f"--moe-config {spec!r}: expected H,I,T=BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES") from None
+        raise ValueError(
+            f"--moe-config {spec!r}: expected H,I,T=BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PERSISTENT]"
+        ) from None
     if t < 1 or t & (t - 1):
         raise ValueError(f"--moe-config {spec!r}: T must be a token bucket (a power of two)")
-    return (h, i, t), {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+    keys = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "PERSISTENT"]
+    return (h, i, t), dict(zip(keys, values))
 
 
 def apply_overrides(table: dict, parse: Callable[[str], tuple[tuple[int, int, int], Any]],

@@ -166,3 +166,49 @@ def test_shared_experts_as_implicit_slots(dtype, tokens):
     full_weights, full_ids = with_shared_experts(weights, ids, experts, 2)
     assert torch.equal(got, fused_moe(x, w13, w2, full_weights, full_ids))
     assert rel_err(got, native_fused_moe(x, w13, w2, full_weights, full_ids)) < tolerance(dtype)
+
+
+@pytest.mark.parametrize("per_sm", [1, 3, 64])  # 64: capped by the occupancy
+@pytest.mark.parametrize("tokens", [1, 16, 32, 64])
+@pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
+def test_persistent_launch_equals_two_launches(per_sm, tokens, shape, shared):
+    """Both GEMMs in one launch, its programs waiting on one another's gate/up tiles: bitwise
+    the two launches' output, run after run (a missed wait would read a stale intermediate)."""
+    from atom_core.ops.triton.fused_moe_config import get_config
+
+    x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
+    experts = w13.shape[0]
+    if shared:
+        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    ids[0, 0] = -1
+    base = get_config(tokens, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
+    two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**base, "PERSISTENT": 0}))
+    config = MoeConfig({**base, "PERSISTENT": per_sm})
+    for _ in range(20):
+        assert torch.equal(fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config), two)
+
+
+@pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
+def test_persistent_launch_in_a_graph(shape, shared):
+    """Replayed back to back with new routing each time: the alignment re-zeroes the block
+    counts every replay, so no replay sees the previous one's."""
+    from atom_core.ops.triton.fused_moe_config import get_config
+
+    x, w13, w2, weights, ids = inputs(shape, 32, torch.bfloat16)
+    experts = w13.shape[0]
+    if shared:
+        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    config = MoeConfig({**get_config(32, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2]), "PERSISTENT": 4})
+    fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
+    for seed in range(2, 12):
+        nx, _, _, nweights, nids = inputs(shape, 32, torch.bfloat16, seed=seed)
+        x.copy_(nx)
+        weights.copy_(nweights)
+        ids.copy_(nids)
+        graph.replay()
+        want = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**config, "PERSISTENT": 0}))
+        assert torch.equal(out, want)

@@ -193,3 +193,55 @@ def test_shared_experts_are_implicit_slots(dtype, tokens):
     assert rel_err(got, native_fused_moe(x, w13, w2, full_weights, full_ids)) < tolerance(dtype)
     assert rel_err(got, native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=2)) < tolerance(dtype)
     assert torch.equal(got, fused_moe(x, w13, w2, full_weights, full_ids, config=TINY))
+
+
+PERSISTENT = MoeConfig(**TINY, PERSISTENT=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens,top_k,shared", [(1, 2, 0), (7, 3, 0), (19, 2, 2)])
+def test_persistent_launch_equals_two_launches(dtype, tokens, top_k, shared):
+    # The same tiles in one launch (one program here: the interpreter runs programs in
+    # turn); out-of-range ids and shared slots included. Bitwise: same sums, same order.
+    x, w13, w2, weights, ids = moe_inputs(tokens, 8, top_k, 40, 24, dtype)
+    ids[0, 0] = -1
+    ids = ids % (8 - shared) if shared else ids
+    two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=TINY)
+    one = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=PERSISTENT)
+    assert torch.equal(one, two)
+    assert rel_err(one, native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)) < tolerance(dtype)
+
+
+def test_persistent_launch_reads_deferred_norms():
+    from atom_core.ops.deferred_norm import DeferredNorm
+
+    x, w13, w2, weights, ids = moe_inputs(5, 6, 2, 32, 16, torch.float32)
+    h, gamma = x, torch.rand(32, device=x.device) + 0.5
+    sumsq = (h * h).reshape(5, 2, 16).sum(-1).T.contiguous()  # two column blocks' partial sums
+    deferred = DeferredNorm(h, h * gamma, sumsq, gamma, 1e-6)
+    two = fused_moe(deferred, w13, w2, weights, ids, config=TINY)
+    assert torch.equal(fused_moe(deferred, w13, w2, weights, ids, config=PERSISTENT), two)
+    normed = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6) * gamma
+    assert rel_err(two, native_fused_moe(normed, w13, w2, weights, ids)) < tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("tokens", [3, 300])  # the decode kernel's path and the torch path
+def test_alignment_zeroes_block_counts(tokens):
+    ids = torch.randint(0, 6, (tokens, 2), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    capacity = aligned_capacity(ids.numel(), 6, 16)
+    counts = torch.full((capacity // 16,), 7, dtype=torch.int32, device=DEVICE)
+    align_by_expert(ids, 6, 16, 0, counts)
+    assert not counts.any()
+
+
+def test_occupancy_arithmetic():
+    from atom_core.ops.triton.occupancy import programs_per_sm
+
+    # 64K registers an SM: 128 regs x 64 threads = 8K a block -> 8; 255 regs round to 256.
+    assert programs_per_sm(128, 0, 2, 65536, 232448) == 8
+    assert programs_per_sm(255, 0, 2, 65536, 232448) == 4
+    # 60 KiB of shared memory (+1 KiB reserved) a block: 3 in 227 KiB.
+    assert programs_per_sm(32, 60 * 1024, 2, 65536, 232448) == 3
+    # 64 warps an SM at most; and a kernel that compiled fits at least once.
+    assert programs_per_sm(16, 0, 8, 65536, 232448) == 8
+    assert programs_per_sm(255, 300 * 1024, 4, 65536, 232448) == 1

@@ -27,29 +27,26 @@ from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_core.ops.triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
 from atom_core.ops.triton.gemv import reads_deferred
-from atom_core.ops.triton.moe_align import align_by_expert, pair_expert
+from atom_core.ops.triton.moe_align import align_by_expert, aligned_capacity, pair_expert
+from atom_core.ops.triton.occupancy import resident_programs
 from atom_core.ops.triton.pdl import pdl_options, pdl_wait
 
 
 @triton.jit
-def _gate_up_kernel(
+def _gate_up_tile(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+    pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_SS: tl.constexpr, PDL: tl.constexpr,
+    ROW_SS: tl.constexpr,
 ):
-    """ROW_SS > 0: x is a ``DeferredNorm``'s h * weight, and each token's gate and up rows are
-    scaled by its 1/rms (from ss_ptr's ROW_SS partial sums) before they are rounded."""
-    pdl_wait(PDL)
-    pid_m = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    if expert < 0:  # past the last expert's segment
-        return
+    """One [BLOCK_M, BLOCK_N] tile of block pid_m's ``silu(gate) * up``. ROW_SS > 0: x is a
+    ``DeferredNorm``'s h * weight, and each token's gate and up rows are scaled by its 1/rms
+    (from ss_ptr's ROW_SS partial sums) before they are rounded."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pairs_ptr + rows)
     valid = pair < num_pairs
     token = (pair // top_k).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
     ks = tl.arange(0, BLOCK_K)
     w_base = w_ptr + expert * w_stride_e
@@ -79,21 +76,18 @@ def _gate_up_kernel(
 
 
 @triton.jit
-def _down_kernel(
+def _down_tile(
     act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, top_k, routed_k, hidden, inter,
+    pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, routed_k, hidden, inter,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    ACT_CACHE: tl.constexpr,
 ):
-    pdl_wait(PDL)
-    pid_m = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    if expert < 0:
-        return
+    """One [BLOCK_M, BLOCK_N] tile of block pid_m's expert outputs, weighted, into its pairs'
+    rows. ACT_CACHE: the intermediate's load cache modifier (".cg" where this launch wrote it)."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pairs_ptr + rows)
     valid = pair < num_pairs
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     ks = tl.arange(0, BLOCK_K)
     w_base = w_ptr + expert * w_stride_e
@@ -102,7 +96,7 @@ def _down_kernel(
         kk = k0 + ks
         k_ok = kk < inter
         a_off = rows[:, None].to(tl.int64) * inter + kk[None, :]
-        a = tl.load(act_ptr + a_off, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(act_ptr + a_off, mask=valid[:, None] & k_ok[None, :], other=0.0, cache_modifier=ACT_CACHE)
         w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
         w = tl.load(w_base + w_off, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
@@ -114,6 +108,90 @@ def _down_kernel(
     y = acc.to(act_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
     out_off = pair[:, None].to(tl.int64) * hidden + cols[None, :]
     tl.store(out_ptr + out_off, y, mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    ROW_SS: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_wait(PDL)
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert >= 0:  # else past the last expert's segment
+        _gate_up_tile(
+            x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
+            pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
+        )
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, routed_k, hidden, inter,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_wait(PDL)
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert >= 0:
+        _down_tile(
+            act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
+            pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, routed_k, hidden, inter,
+            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, "",
+        )
+
+
+@triton.jit
+def _experts_kernel(
+    x_ptr, x_stride, w13_ptr, w13_stride_e, w13_stride_n, w13_stride_k, act_ptr,
+    w2_ptr, w2_stride_e, w2_stride_n, w2_stride_k, weights_ptr, out_ptr,
+    pairs_ptr, block_expert_ptr, num_blocks, ready_ptr, num_pairs, top_k, routed_k, hidden, inter,
+    ss_ptr, num_tokens, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    ROW_SS: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr,
+):
+    """Both GEMMs in one persistent launch. The work items are every real block's gate/up
+    tiles, block by block, then its down tiles; program p takes items p, p + G, ... in order.
+    A down tile needs all of its block's gate/up tiles: their programs count them into
+    ``ready_ptr[block]`` (release), and the down tile's program waits for the full count
+    (acquire). No program waits on an item after its own, every gate/up item precedes every
+    down item, and all G programs are resident (the launcher sizes G from the occupancy),
+    so the waits always end. The alignment zeroes the counts."""
+    pdl_wait(PDL)
+    b = tl.arange(0, BLOCKS_PAD)
+    # Real blocks are a prefix of the layout (-1 past the last expert's segment).
+    real = tl.sum((tl.load(block_expert_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32), axis=0)
+    up_tiles = tl.cdiv(inter, BLOCK_N)
+    down_tiles = tl.cdiv(hidden, BLOCK_N)
+    up_items = real * up_tiles
+    for item in range(tl.program_id(0), up_items + real * down_tiles, tl.num_programs(0)):
+        if item < up_items:
+            pid_m = item // up_tiles
+            expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+            _gate_up_tile(
+                x_ptr, x_stride, w13_ptr, w13_stride_e, w13_stride_n, w13_stride_k, act_ptr,
+                pairs_ptr, expert, pid_m, item - pid_m * up_tiles, num_pairs, top_k, hidden, inter,
+                ss_ptr, num_tokens, eps, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
+            )
+            tl.debug_barrier()  # every thread's stores precede the release
+            tl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
+        else:
+            d = item - up_items
+            pid_m = d // down_tiles
+            expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+            seen = tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu")
+            while seen < up_tiles:
+                seen = tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu")
+            _down_tile(
+                act_ptr, w2_ptr, w2_stride_e, w2_stride_n, w2_stride_k, weights_ptr, out_ptr,
+                pairs_ptr, expert, pid_m, d - pid_m * down_tiles, num_pairs, top_k, routed_k, hidden, inter,
+                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
+            )
 
 
 @triton.jit
@@ -175,24 +253,39 @@ def fused_moe(
     x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-    sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts)
-    capacity = sorted_pairs.numel()
+    capacity = aligned_capacity(num_pairs, num_experts, block_m)
+    persistent = config.get("PERSISTENT", 0)
+    ready = torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device) if persistent else None
+    sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts, ready)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     act = torch.empty((capacity, inter), dtype=hidden.dtype, device=hidden.device)
-    _gate_up_kernel[(capacity // block_m, triton.cdiv(inter, block_n))](
-        x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
-        sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter,
-        deferred.sumsq if deferred is not None else act, num_tokens, deferred.eps if deferred is not None else 0.0,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
-        ROW_SS=deferred.sumsq.shape[0] if deferred is not None else 0, **launch,
-    )
     # Pairs with an out-of-range id have no row and no program writes theirs: the sum skips them.
     per_pair = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=hidden.device)
-    _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
-        act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
-        sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
-    )
+    ss = deferred.sumsq if deferred is not None else act
+    eps = deferred.eps if deferred is not None else 0.0
+    row_ss = deferred.sumsq.shape[0] if deferred is not None else 0
+    if persistent:
+        args = (
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
+            w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
+            sorted_pairs, block_expert, capacity // block_m, ready, num_pairs, top_k, routed_k, hidden_size, inter,
+            ss, num_tokens, eps,
+        )
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision,
+                  "ROW_SS": row_ss, "BLOCKS_PAD": triton.next_power_of_2(capacity // block_m), **launch}
+        items = (capacity // block_m) * (triton.cdiv(inter, block_n) + triton.cdiv(hidden_size, block_n))
+        _experts_kernel[(min(items, resident_programs(_experts_kernel, args, consts, persistent)),)](*args, **consts)
+    else:
+        _gate_up_kernel[(capacity // block_m, triton.cdiv(inter, block_n))](
+            x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
+            sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, ROW_SS=row_ss, **launch,
+        )
+        _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
+            act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
+            sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
+        )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     block_k = triton.next_power_of_2(top_k)
     block_h = min(4096 // block_k, triton.next_power_of_2(hidden_size))

@@ -10,7 +10,7 @@ prefill bucket's tall tiles never reach a decode batch.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class MoeConfig(TypedDict):
@@ -19,6 +19,9 @@ class MoeConfig(TypedDict):
     BLOCK_K: int
     num_warps: int
     num_stages: int
+    # > 0: both GEMMs in one persistent launch of at most this many programs an SM
+    # (``fused_moe._experts_kernel``); 0 or absent: one launch each.
+    PERSISTENT: NotRequired[int]
 
 
 # (hidden, inter) -> {token bucket: config}, from `python bench/tune_fused_moe.py

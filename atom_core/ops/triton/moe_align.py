@@ -39,7 +39,8 @@ def pair_expert(ids_ptr, pair, valid, top_k, routed_k, first_shared):
 
 
 def align_by_expert(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int, num_shared: int = 0
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, num_shared: int = 0,
+    block_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sorted_pairs, block_expert)``.
 
@@ -48,14 +49,19 @@ def align_by_expert(
     then ``num_shared`` slots, one for each shared expert (the last of the E).
     ``block_expert`` [capacity / block_m] int32: the expert of each block of rows, or -1 for
     the blocks past the last expert's segment. Pairs whose id is outside ``[0, E)`` get no
-    row at all.
+    row at all. ``block_counts`` (int32, [capacity / block_m]), if given, is zeroed on the way
+    (a counter a block for the kernels that follow; no launch of its own at decode sizes).
     """
     num_tokens, routed_k = topk_ids.shape
     num_pairs = num_tokens * (routed_k + num_shared)
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
     if 0 < num_pairs <= SMALL_PAIRS and num_experts <= SMALL_EXPERTS:
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
-        return _align_small(ids, num_pairs, routed_k + num_shared, num_experts, num_shared, block_m, capacity)
+        return _align_small(
+            ids, num_pairs, routed_k + num_shared, num_experts, num_shared, block_m, capacity, block_counts
+        )
+    if block_counts is not None:
+        block_counts.zero_()
     if num_shared:  # prefill sizes: the torch path takes the slots as ids
         topk_ids = with_shared_expert_ids(topk_ids, num_experts, num_shared)
     return _align_torch(topk_ids.reshape(-1).long(), num_experts, block_m, capacity)
@@ -99,9 +105,9 @@ SMALL_EXPERTS = 512
 
 @triton.jit
 def _align_small_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, top_k, routed_k, num_experts, num_shared, capacity,
-    BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, SEG_BLOCKS: tl.constexpr,
-    FILL: tl.constexpr, PDL: tl.constexpr,
+    ids_ptr, sorted_ptr, block_expert_ptr, counts_ptr, num_pairs, top_k, routed_k, num_experts, num_shared,
+    capacity, BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, SEG_BLOCKS: tl.constexpr,
+    FILL: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program e < E lays out expert e's segment; program E fills the rows and blocks past
     # the last segment. Every program counts all experts (a histogram of the ids) to know
@@ -140,18 +146,24 @@ def _align_small_kernel(
         for b0 in range(total // BLOCK_M, capacity // BLOCK_M, FILL):
             blocks = b0 + tl.arange(0, FILL)
             tl.store(block_expert_ptr + blocks, tl.full([FILL], -1, tl.int32), mask=blocks < capacity // BLOCK_M)
+        if COUNTS:
+            for b0 in range(0, capacity // BLOCK_M, FILL):
+                blocks = b0 + tl.arange(0, FILL)
+                tl.store(counts_ptr + blocks, tl.full([FILL], 0, tl.int32), mask=blocks < capacity // BLOCK_M)
 
 
 def _align_small(
-    ids: torch.Tensor, num_pairs: int, top_k: int, num_experts: int, num_shared: int, block_m: int, capacity: int
+    ids: torch.Tensor, num_pairs: int, top_k: int, num_experts: int, num_shared: int, block_m: int, capacity: int,
+    block_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)
     p_pad = triton.next_power_of_2(num_pairs)
     _align_small_kernel[(num_experts + 1,)](
-        ids, sorted_pairs, block_expert, num_pairs, top_k, top_k - num_shared, num_experts, num_shared, capacity,
+        ids, sorted_pairs, block_expert, block_expert if block_counts is None else block_counts,
+        num_pairs, top_k, top_k - num_shared, num_experts, num_shared, capacity,
         BLOCK_M=block_m, P_PAD=p_pad, E_PAD=triton.next_power_of_2(num_experts),
         SEG_BLOCKS=triton.next_power_of_2(triton.cdiv(num_pairs, block_m)), FILL=1024,
-        num_warps=4, **pdl_options(ids.device),
+        COUNTS=block_counts is not None, num_warps=4, **pdl_options(ids.device),
     )
     return sorted_pairs, block_expert
