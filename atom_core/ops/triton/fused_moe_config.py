@@ -47,16 +47,23 @@ class MoeConfig(TypedDict):
 # 37,173 tok/s (prefill steps 306.6 -> 314.6 ms), so its prefill sizes keep the heuristic.
 # The table as it stands, against the one before these three buckets (another machine, one
 # device call, two interleaved pairs): 30,419 / 30,582 -> 33,542 / 33,378 tok/s.
+#
+# PERSISTENT (both GEMMs in one launch, as many programs as fit) only in the batch-1 buckets:
+# bench/decode_latency.py, one device call, batch 1 Qwen3-30B-A3B 3.266 / 3.265 -> 3.212 /
+# 3.220 ms, DeepSeek-V2-Lite 2.562 -> 2.428; at 16 and 32 tokens it was slower (Qwen3-30B-A3B
+# batch 32 14.044 -> 14.288 at the table's tiles, 14.43-14.70 at tiles that fit more programs;
+# DeepSeek-V2-Lite 8.802 -> 8.912): there the weight reads dominate and a program's items
+# run one after another, where separate launches overlap them.
 TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
     (2048, 768): {
-        1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+        1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, PERSISTENT=64),
         32: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3),
         512: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
         2048: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
         16384: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     },
     (2048, 1408): {
-        1: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3),
+        1: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3, PERSISTENT=64),
         32: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
     },
 }
