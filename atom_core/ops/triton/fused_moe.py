@@ -11,6 +11,10 @@ Same contract as ``atom_core.ops.native.moe.fused_moe``, shared experts included
 3. ``_sum_pairs_kernel``: sum each token's k rows in slot order, skipping pairs whose id
    had no expert (their rows are never written: no memset of the buffer), and cast.
 
+Where the config says ``PERSISTENT`` (the batch-1 buckets), 1 and 2 are one launch,
+``_experts_kernel``: at one token the two launches' ramp and drain cost more than their
+few tiles, while at 16+ tokens the separate launches overlap their tiles better.
+
 The per-pair buffer, not atomic adds into [T, H]: the k contributions are then summed in
 a fixed order, so the output is bitwise reproducible run to run (atomics add in whatever
 order the programs finish), and it is as graph-safe (fixed shape). It costs T*k*H*4 bytes
