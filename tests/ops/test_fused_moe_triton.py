@@ -245,3 +245,5 @@ def test_occupancy_arithmetic():
     # 64 warps an SM at most; and a kernel that compiled fits at least once.
     assert programs_per_sm(16, 0, 8, 65536, 232448) == 8
     assert programs_per_sm(255, 300 * 1024, 4, 65536, 232448) == 1
+    # sm89 holds 48 warps an SM, not 64.
+    assert programs_per_sm(16, 0, 8, 65536, 232448, (8, 9)) == 6

@@ -258,7 +258,8 @@ def fused_moe(
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
-    persistent = config.get("PERSISTENT", 0)
+    # The occupancy bound the persistent launch relies on is NVIDIA's (32-thread warps).
+    persistent = config.get("PERSISTENT", 0) if torch.version.hip is None else 0
     ready = torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device) if persistent else None
     sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts, ready)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"

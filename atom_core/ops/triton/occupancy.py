@@ -16,10 +16,14 @@ from typing import Any
 import torch
 import triton
 
-# Per-SM limits of sm80-sm100 that the driver's properties do not list.
-MAX_WARPS_PER_SM = 64
-MAX_BLOCKS_PER_SM = 32
+# Per-SM limits that the driver's properties do not list: sm80, sm90 and sm100 hold 64 warps
+# and 32 blocks; the others (sm86, sm89, sm120) 48 warps and 16 (24 on sm89: 16 is the safe side).
 RESERVED_SMEM_PER_BLOCK = 1024
+
+
+def sm_limits(capability: tuple[int, int]) -> tuple[int, int]:
+    """(warps, blocks) one SM holds at once."""
+    return (64, 32) if capability in ((8, 0), (9, 0), (10, 0)) else (48, 16)
 
 _cache: dict[tuple, int] = {}
 
@@ -28,12 +32,15 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def programs_per_sm(n_regs: int, shared: int, num_warps: int, regs_per_sm: int, smem_per_sm: int) -> int:
+def programs_per_sm(
+    n_regs: int, shared: int, num_warps: int, regs_per_sm: int, smem_per_sm: int, capability: tuple[int, int] = (9, 0)
+) -> int:
     """Blocks of one kernel an SM holds at once (at least 1: a kernel that compiled fits once)."""
+    max_warps, max_blocks = sm_limits(capability)
     regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
     by_regs = regs_per_sm // (regs_per_warp * num_warps)
     by_smem = smem_per_sm // (shared + RESERVED_SMEM_PER_BLOCK)
-    return max(1, min(by_regs, by_smem, MAX_WARPS_PER_SM // num_warps, MAX_BLOCKS_PER_SM))
+    return max(1, min(by_regs, by_smem, max_warps // num_warps, max_blocks))
 
 
 def resident_programs(kernel: Any, args: tuple, consts: dict[str, Any], per_sm_cap: int) -> int:
@@ -52,7 +59,7 @@ def resident_programs(kernel: Any, args: tuple, consts: dict[str, Any], per_sm_c
         props = triton.runtime.driver.active.utils.get_device_properties(index)
         per_sm = programs_per_sm(
             compiled.n_regs, compiled.metadata.shared, consts.get("num_warps", 4),
-            props["max_num_regs"], props["max_shared_mem"],
+            props["max_num_regs"], props["max_shared_mem"], torch.cuda.get_device_capability(index),
         )
         _cache[key] = props["multiprocessor_count"] * min(per_sm, per_sm_cap)
     return _cache[key]
