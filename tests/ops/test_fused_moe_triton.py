@@ -247,3 +247,12 @@ def test_occupancy_arithmetic():
     assert programs_per_sm(255, 300 * 1024, 4, 65536, 232448) == 1
     # sm89 holds 48 warps an SM, not 64.
     assert programs_per_sm(16, 0, 8, 65536, 232448, (8, 9)) == 6
+
+
+def test_occupancy_keys_follow_triton_specializations():
+    from atom_core.ops.triton.occupancy import _specialization
+
+    t = torch.zeros(64)
+    assert _specialization(t) != _specialization(t[1:])  # 16-byte aligned or not
+    assert _specialization(32) != _specialization(33) != _specialization(1)
+    assert _specialization(48) == _specialization(64) != _specialization(2**33)

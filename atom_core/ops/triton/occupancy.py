@@ -5,7 +5,11 @@ must never launch more programs than fit on the GPU together: a waiting program 
 slot, and a program that never got one would never arrive. The bound comes from the
 compiled kernel's registers and shared memory against one SM's, as the CUDA occupancy
 calculator counts them (registers per warp rounded up to 256, 1 KiB of shared memory
-reserved per block), times the SMs.
+reserved per block), times the SMs. Registers differ between specializations of one kernel
+(Triton compiles one per pattern of 16-byte-aligned pointers and of integers equal to 1 or
+divisible by 16), so the bound is cached per specialization, never shared between them.
+A bound from the most registers a thread can have (255) instead held DeepSeek-V2-Lite's
+batch-1 experts kernel to 2 programs an SM and cost 0.5 ms a step (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -16,16 +20,25 @@ from typing import Any
 import torch
 import triton
 
-# Per-SM limits that the driver's properties do not list: sm80, sm90 and sm100 hold 64 warps
-# and 32 blocks; the others (sm86, sm89, sm120) 48 warps and 16 (24 on sm89: 16 is the safe side).
 RESERVED_SMEM_PER_BLOCK = 1024
+_cache: dict[tuple, int] = {}
 
 
 def sm_limits(capability: tuple[int, int]) -> tuple[int, int]:
-    """(warps, blocks) one SM holds at once."""
+    """(warps, blocks) one SM holds at once, which the driver's properties do not list: sm80,
+    sm90 and sm100 hold 64 warps and 32 blocks; the others 48 and 16 (sm89 24: 16 is the safe side)."""
     return (64, 32) if capability in ((8, 0), (9, 0), (10, 0)) else (48, 16)
 
-_cache: dict[tuple, int] = {}
+
+def _specialization(arg: Any) -> Any:
+    """What Triton specializes a kernel on for one argument (its default ``do_not_specialize``-free
+    rules): a tensor's dtype and 16-byte alignment, an integer's being 1 or a multiple of 16 and
+    whether it needs 64 bits."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return int, arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
+    return type(arg)
 
 
 def _interpreted() -> bool:
@@ -51,7 +64,7 @@ def resident_programs(kernel: Any, args: tuple, consts: dict[str, Any], per_sm_c
     if _interpreted() or tensor.device.type != "cuda":
         return 1
     index = tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
-    signature = tuple(a.dtype if isinstance(a, torch.Tensor) else type(a) for a in args)
+    signature = tuple(_specialization(a) for a in args)
     key = (kernel, index, tuple(sorted(consts.items())), signature, per_sm_cap)
     if key not in _cache:
         compiled = kernel.warmup(*args, grid=(1,), **consts)
