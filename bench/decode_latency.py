@@ -4,7 +4,7 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
     python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 16 32]
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
         [--profile-batch-sizes 1 32] [--gemv-config N,K,M=BN,BK,SPLIT ...]
-        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT] ...] [--weights normal|vllm] [--routing drawn|tied]
+        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]] ...] [--weights normal|vllm] [--routing drawn|tied]
         [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
@@ -302,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch sizes to profile (default: the smallest and largest of --batch-sizes)")
     p.add_argument("--gemv-config", action="append", default=[], metavar="N,K,M=BN,BK,SPLIT",
                    help="replace a gemv_config.TUNED entry (also N,K,M=cublas); repeatable")
-    p.add_argument("--moe-config", action="append", default=[], metavar="H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT]",
+    p.add_argument("--moe-config", action="append", default=[], metavar="H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]",
                    help="replace a fused_moe_config.TUNED entry (hidden, inter, token bucket); repeatable")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="normal",
                    help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's (gpu_models.randomize)")

@@ -107,22 +107,25 @@ def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]
 
 
 def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]:
-    """``H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT]`` -> ((hidden, inter, token bucket), config):
+    """``H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]`` -> ((hidden, inter, token bucket), config):
     one ``fused_moe_config.TUNED`` entry to run with instead of the shipped one."""
     try:
         shape, value = spec.split("=")
         h, i, t = (int(v) for v in shape.split(","))
         values = [int(v) for v in value.split(",")]
-        if len(values) not in (5, 6):
+        if len(values) not in (5, 6, 7):
             raise ValueError
     except ValueError:
         raise ValueError(
-            f"--moe-config {spec!r}: expected H,I,T=BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PERSISTENT]"
+            f"--moe-config {spec!r}: expected H,I,T=BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PERSISTENT[,OVERLAP]]"
         ) from None
     if t < 1 or t & (t - 1):
         raise ValueError(f"--moe-config {spec!r}: T must be a token bucket (a power of two)")
-    keys = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "PERSISTENT"]
-    return (h, i, t), dict(zip(keys, values))
+    keys = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "PERSISTENT", "OVERLAP"]
+    config = dict(zip(keys, values))
+    if "OVERLAP" in config:
+        config["OVERLAP"] = bool(config["OVERLAP"])
+    return (h, i, t), config
 
 
 def apply_overrides(table: dict, parse: Callable[[str], tuple[tuple[int, int, int], Any]],

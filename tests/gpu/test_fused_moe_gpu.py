@@ -212,3 +212,59 @@ def test_persistent_launch_in_a_graph(shape, shared):
         graph.replay()
         want = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**config, "PERSISTENT": 0}))
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("tokens", [2, 16, 32, 64])
+@pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
+def test_overlapped_down_launch_equals_two_launches(monkeypatch, tokens, shape, shared):
+    """Down tiles waiting on their own block's gate/up tiles (PDL on, no wait for the whole
+    gate/up launch): bitwise the plain launches' output, 20 launches back to back on one
+    stream, each reusing the last one's buffers (a missed wait would read a stale or
+    half-written intermediate)."""
+    from atom_core.ops.triton.fused_moe_config import get_config
+    from tests.ops.test_fused_moe_triton import _down_launches
+
+    x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
+    experts = w13.shape[0]
+    if shared:
+        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    ids[0, 0] = -1
+    base = get_config(tokens, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
+    plain = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**base, "OVERLAP": False}))
+    seen = _down_launches(monkeypatch)
+    config = MoeConfig({**base, "OVERLAP": True})
+    outs = [fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config) for _ in range(20)]
+    assert seen == [True] * 20  # these grids are past twice the resident programs
+    for out in outs:
+        assert torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
+def test_overlapped_down_launch_in_a_graph(shape, shared):
+    """Replayed with new routing each time: the alignment re-zeroes the block counters every
+    replay, so no down tile sees the previous replay's counts."""
+    from atom_core.ops.triton.fused_moe_config import get_config
+
+    x, w13, w2, weights, ids = inputs(shape, 32, torch.bfloat16)
+    experts = w13.shape[0]
+    if shared:
+        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    base = get_config(32, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
+    config = MoeConfig({**base, "OVERLAP": True})
+    fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        # Two layers' worth back to back, the second reading the first's output.
+        mid = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
+        out = fused_moe(mid, w13, w2, weights, ids, num_shared_experts=shared, config=config)
+    plain = MoeConfig({**base, "OVERLAP": False})
+    for seed in range(2, 12):
+        nx, _, _, nweights, nids = inputs(shape, 32, torch.bfloat16, seed=seed)
+        x.copy_(nx)
+        weights.copy_(nweights)
+        ids.copy_(nids)
+        graph.replay()
+        want = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=plain)
+        want = fused_moe(want, w13, w2, weights, ids, num_shared_experts=shared, config=plain)
+        assert torch.equal(out, want)

@@ -196,23 +196,27 @@ def test_shared_experts_are_implicit_slots(dtype, tokens):
 
 
 PERSISTENT = MoeConfig(**TINY, PERSISTENT=4)
+OVERLAP = MoeConfig(**TINY, OVERLAP=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("tokens,top_k,shared", [(1, 2, 0), (7, 3, 0), (19, 2, 2)])
-def test_persistent_launch_equals_two_launches(dtype, tokens, top_k, shared):
-    # The same tiles in one launch (one program here: the interpreter runs programs in
-    # turn); out-of-range ids and shared slots included. Bitwise: same sums, same order.
+@pytest.mark.parametrize("variant", [PERSISTENT, OVERLAP], ids=["persistent", "overlap"])
+def test_counted_launches_equal_two_launches(dtype, tokens, top_k, shared, variant):
+    # The same tiles in one launch, or the down tiles waiting on their block's counter (the
+    # interpreter runs programs, and launches, in turn: this checks the tiles' indexing, not
+    # the waits); out-of-range ids and shared slots included. Bitwise: same sums, same order.
     x, w13, w2, weights, ids = moe_inputs(tokens, 8, top_k, 40, 24, dtype)
     ids[0, 0] = -1
     ids = ids % (8 - shared) if shared else ids
     two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=TINY)
-    one = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=PERSISTENT)
+    one = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=variant)
     assert torch.equal(one, two)
     assert rel_err(one, native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)) < tolerance(dtype)
 
 
-def test_persistent_launch_reads_deferred_norms():
+@pytest.mark.parametrize("variant", [PERSISTENT, OVERLAP], ids=["persistent", "overlap"])
+def test_counted_launches_read_deferred_norms(variant):
     from atom_core.ops.deferred_norm import DeferredNorm
 
     x, w13, w2, weights, ids = moe_inputs(5, 6, 2, 32, 16, torch.float32)
@@ -220,9 +224,42 @@ def test_persistent_launch_reads_deferred_norms():
     sumsq = (h * h).reshape(5, 2, 16).sum(-1).T.contiguous()  # two column blocks' partial sums
     deferred = DeferredNorm(h, h * gamma, sumsq, gamma, 1e-6)
     two = fused_moe(deferred, w13, w2, weights, ids, config=TINY)
-    assert torch.equal(fused_moe(deferred, w13, w2, weights, ids, config=PERSISTENT), two)
+    assert torch.equal(fused_moe(deferred, w13, w2, weights, ids, config=variant), two)
     normed = h * torch.rsqrt((h * h).mean(-1, keepdim=True) + 1e-6) * gamma
     assert rel_err(two, native_fused_moe(normed, w13, w2, weights, ids)) < tolerance(torch.float32)
+
+
+def _down_launches(monkeypatch) -> list[bool]:
+    """Records each ``_down_kernel`` launch's OVERLAP."""
+    import atom_core.ops.triton.fused_moe as module
+
+    seen, real = [], module._down_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["OVERLAP"])
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(module, "_down_kernel", Spy())
+    return seen
+
+
+def test_overlap_only_where_the_gate_up_grid_cannot_all_be_resident(monkeypatch):
+    # Taken where the gate/up grid is past twice the programs the GPU holds (the interpreter
+    # counts 1); refused, with the same output, where the whole grid fits: then the down
+    # kernel could start before the alignment has finished.
+    import atom_core.ops.triton.fused_moe as module
+
+    x, w13, w2, weights, ids = moe_inputs(7, 8, 3, 40, 24, torch.float32)
+    want = fused_moe(x, w13, w2, weights, ids, config=TINY)
+    seen = _down_launches(monkeypatch)
+    assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=OVERLAP), want)
+    assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=TINY), want)
+    monkeypatch.setattr(module, "resident_programs", lambda *args: 10**6)
+    assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=OVERLAP), want)
+    assert seen == [True, False, False]
 
 
 @pytest.mark.parametrize("tokens", [3, 300])  # the decode kernel's path and the torch path

@@ -33,7 +33,7 @@ from atom_core.ops.triton.fused_moe_config import MoeConfig, get_config
 from atom_core.ops.triton.gemv import reads_deferred
 from atom_core.ops.triton.moe_align import align_by_expert, aligned_capacity, pair_expert
 from atom_core.ops.triton.occupancy import resident_programs
-from atom_core.ops.triton.pdl import pdl_options, pdl_wait
+from atom_core.ops.triton.pdl import pdl_launch_next, pdl_options, pdl_wait
 
 
 @triton.jit
@@ -115,39 +115,83 @@ def _down_tile(
 
 
 @triton.jit
+def _count_tile(ready_ptr, pid_m):
+    """Count a finished gate/up tile into its block's counter: every thread's stores of the
+    tile precede the release."""
+    tl.debug_barrier()
+    tl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_block(ready_ptr, pid_m, up_tiles):
+    """Spin until all ``up_tiles`` gate/up tiles of block pid_m are counted (acquire: their
+    intermediate rows are then visible, read through L2)."""
+    seen = tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu")
+    while seen < up_tiles:
+        seen = tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps, ready_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_SS: tl.constexpr, PDL: tl.constexpr,
+    ROW_SS: tl.constexpr, OVERLAP: tl.constexpr, PDL: tl.constexpr,
 ):
+    """OVERLAP: the grid is (n tiles, blocks), so programs start block by block and blocks
+    finish in order, and each real tile is counted into its block's counter for the down
+    kernel (``_down_kernel``)."""
     pdl_wait(PDL)
-    pid_m = tl.program_id(0)
+    if OVERLAP:
+        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert >= 0:  # else past the last expert's segment
         _gate_up_tile(
             x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
-            pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+            pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
             BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
         )
+        if OVERLAP:
+            _count_tile(ready_ptr, pid_m)
 
 
 @triton.jit
 def _down_kernel(
     act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, top_k, routed_k, hidden, inter,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, routed_k, hidden, inter, ready_ptr, up_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    OVERLAP: tl.constexpr, PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)
-    pid_m = tl.program_id(0)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    if expert >= 0:
-        _down_tile(
-            act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
-            pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, routed_k, hidden, inter,
-            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, "",
-        )
+    """OVERLAP: no wait for the whole gate/up launch; a program waits for its own block's
+    gate/up tiles only (the grid is (n tiles, blocks), block by block as the gate/up
+    kernel's), so down tiles run on the SMs the gate/up kernel's last programs leave idle.
+    The launcher enables it only where the gate/up grid cannot be resident all at once: then
+    this kernel (which PDL launches once every gate/up program has started) starts after
+    some gate/up program has passed its wait, so after the alignment and everything before
+    it has completed - the layout and the zeroed counters it reads are final."""
+    if OVERLAP:
+        pdl_launch_next(PDL)
+        pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+        expert = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
+        if expert >= 0:
+            _wait_block(ready_ptr, pid_m, up_tiles)
+            _down_tile(
+                act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
+                pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, routed_k, hidden, inter,
+                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
+            )
+    else:
+        pdl_wait(PDL)
+        pid_m = tl.program_id(0)
+        expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+        if expert >= 0:
+            _down_tile(
+                act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
+                pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, routed_k, hidden, inter,
+                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, "",
+            )
 
 
 @triton.jit
@@ -182,15 +226,12 @@ def _experts_kernel(
                 pairs_ptr, expert, pid_m, item - pid_m * up_tiles, num_pairs, top_k, hidden, inter,
                 ss_ptr, num_tokens, eps, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
             )
-            tl.debug_barrier()  # every thread's stores precede the release
-            tl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
+            _count_tile(ready_ptr, pid_m)
         else:
             d = item - up_items
             pid_m = d // down_tiles
             expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-            seen = tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu")
-            while seen < up_tiles:
-                seen = tl.atomic_add(ready_ptr + pid_m, 0, sem="acquire", scope="gpu")
+            _wait_block(ready_ptr, pid_m, up_tiles)
             _down_tile(
                 act_ptr, w2_ptr, w2_stride_e, w2_stride_n, w2_stride_k, weights_ptr, out_ptr,
                 pairs_ptr, expert, pid_m, d - pid_m * down_tiles, num_pairs, top_k, routed_k, hidden, inter,
@@ -260,7 +301,9 @@ def fused_moe(
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
     # The occupancy bound the persistent launch relies on is NVIDIA's (32-thread warps).
     persistent = config.get("PERSISTENT", 0) if torch.version.hip is None else 0
-    ready = torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device) if persistent else None
+    overlap = config.get("OVERLAP", False) and not persistent
+    counted = persistent or overlap
+    ready = torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device) if counted else None
     sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts, ready)
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     act = torch.empty((capacity, inter), dtype=hidden.dtype, device=hidden.device)
@@ -281,15 +324,27 @@ def fused_moe(
         items = (capacity // block_m) * (triton.cdiv(inter, block_n) + triton.cdiv(hidden_size, block_n))
         _experts_kernel[(min(items, resident_programs(_experts_kernel, args, consts, persistent)),)](*args, **consts)
     else:
-        _gate_up_kernel[(capacity // block_m, triton.cdiv(inter, block_n))](
+        blocks, up_tiles, down_tiles = capacity // block_m, triton.cdiv(inter, block_n), triton.cdiv(hidden_size, block_n)
+        up_args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
             sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, ROW_SS=row_ss, **launch,
+            ready if overlap else block_expert,
         )
-        _down_kernel[(capacity // block_m, triton.cdiv(hidden_size, block_n))](
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision, **launch}
+        # Overlap only where the gate/up grid cannot be resident all at once (the down kernel's
+        # docstring says why that orders it after the alignment); twice the computed occupancy,
+        # so that an occupancy figure on the low side cannot break the argument.
+        overlap = overlap and blocks * up_tiles > 2 * resident_programs(
+            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True}, 1 << 10)
+        if not overlap:
+            up_args = (*up_args[:-1], block_expert)
+        _gate_up_kernel[(up_tiles, blocks) if overlap else (blocks, up_tiles)](
+            *up_args, ROW_SS=row_ss, OVERLAP=overlap, **consts,
+        )
+        _down_kernel[(down_tiles, blocks) if overlap else (blocks, down_tiles)](
             act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
             sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, **launch,
+            ready if overlap else block_expert, up_tiles, OVERLAP=overlap, **consts,
         )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     block_k = triton.next_power_of_2(top_k)

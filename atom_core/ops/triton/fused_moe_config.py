@@ -22,6 +22,9 @@ class MoeConfig(TypedDict):
     # > 0: both GEMMs in one persistent launch of at most this many programs an SM
     # (``fused_moe._experts_kernel``); 0 or absent: one launch each.
     PERSISTENT: NotRequired[int]
+    # True: the down kernel's programs wait on their own block's gate/up tiles rather than on
+    # the whole gate/up launch (``fused_moe._down_kernel``), where the grid allows it.
+    OVERLAP: NotRequired[bool]
 
 
 # (hidden, inter) -> {token bucket: config}, from `python bench/tune_fused_moe.py

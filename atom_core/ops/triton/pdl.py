@@ -45,6 +45,15 @@ def pdl_wait(PDL: tl.constexpr):
         gdc_wait()
 
 
+@triton.jit
+def pdl_launch_next(PDL: tl.constexpr):
+    """Let the next kernel launch, without waiting for the previous one: for a kernel that
+    orders itself after the work it reads by other means (``fused_moe``'s overlapped down
+    kernel waits on per-block counters)."""
+    if PDL:
+        gdc_launch_dependents()
+
+
 _OFF: dict[str, Any] = {"PDL": False}
 _ON: dict[str, Any] = {"PDL": True, "launch_pdl": True}
 
