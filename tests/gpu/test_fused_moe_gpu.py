@@ -214,7 +214,7 @@ def test_persistent_launch_in_a_graph(shape, shared):
         assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("tokens", [2, 16, 32, 64])
+@pytest.mark.parametrize("tokens", [16, 32, 64])  # at 2-4 tokens the grid fits: no overlap
 @pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
 def test_overlapped_down_launch_equals_two_launches(monkeypatch, tokens, shape, shared):
     """Down tiles waiting on their own block's gate/up tiles (PDL on, no wait for the whole

@@ -57,17 +57,22 @@ class MoeConfig(TypedDict):
 # batch 32 14.044 -> 14.288 at the table's tiles, 14.43-14.70 at tiles that fit more programs;
 # DeepSeek-V2-Lite 8.802 -> 8.912): there the weight reads dominate and a program's items
 # run one after another, where separate launches overlap them.
+#
+# OVERLAP (down tiles wait on their own block's gate/up tiles, not the whole launch) in the
+# decode buckets past batch 1: bench/decode_latency.py, one device call, batch 32 Qwen3-30B-A3B
+# 14.038 / 14.037 -> 13.760 / 13.762 ms, DeepSeek-V2-Lite 8.805 -> 8.673 (bench/RESULTS.md,
+# twenty-fifth session). Below twice the resident programs the launcher keeps the plain wait.
 TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
     (2048, 768): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, PERSISTENT=64),
-        32: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3),
+        32: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3, OVERLAP=True),
         512: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
         2048: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
         16384: MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3),
     },
     (2048, 1408): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3, PERSISTENT=64),
-        32: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3),
+        32: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3, OVERLAP=True),
     },
 }
 
