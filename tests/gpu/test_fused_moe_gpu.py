@@ -268,3 +268,46 @@ def test_overlapped_down_launch_in_a_graph(shape, shared):
         want = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=plain)
         want = fused_moe(want, w13, w2, weights, ids, num_shared_experts=shared, config=plain)
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v2-lite"])
+def test_overlap_keeps_the_models_greedy_tokens(tmp_path, monkeypatch, name):
+    """The real models' shapes cut to two layers (DeepSeek-V2-Lite: one dense, one MoE),
+    random weights, 32 sequences decoded from CUDA graphs: the same greedy tokens with the
+    overlapped down launch as with the plain wait, and the overlap is really taken."""
+    import json
+    import random
+    from pathlib import Path
+
+    from atom_core.engine.llm_engine import LLMEngine
+    from atom_core.ops.triton import fused_moe_config
+    from atom_core.sampling_params import SamplingParams
+    from tests.ops.test_fused_moe_triton import _down_launches
+
+    cfg = json.loads((Path(__file__).parents[2] / "bench" / "configs" / name / "config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(cfg["vocab_size"]) for _ in range(rng.randrange(20, 200))] for _ in range(32)]
+    shape = (cfg["hidden_size"], cfg["moe_intermediate_size"])
+
+    def greedy(overlap: bool) -> list[list[int]]:
+        entry = fused_moe_config.TUNED[shape][32]
+        monkeypatch.setitem(fused_moe_config.TUNED[shape], 32, MoeConfig({**entry, "OVERLAP": overlap}))
+        engine = LLMEngine(str(tmp_path), load_dummy="empty", dtype="bfloat16", device="cuda",
+                           enable_log_stats=False, max_model_len=512, max_num_seqs=32,
+                           cudagraph_capture_sizes=[8, 16, 32])
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in engine.runner.model.parameters():
+                p.normal_(0.0, 0.02) if p.dim() >= 2 else p.fill_(1.0)
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+        tokens = [o["token_ids"] for o in engine.generate(prompts, params)]
+        del engine
+        torch.cuda.empty_cache()
+        return tokens
+
+    plain = greedy(False)
+    seen = _down_launches(monkeypatch)
+    assert greedy(True) == plain
+    assert True in seen
