@@ -13,7 +13,9 @@ Same contract as ``atom_core.ops.native.moe.fused_moe``, shared experts included
 
 Where the config says ``PERSISTENT`` (the batch-1 buckets), 1 and 2 are one launch,
 ``_experts_kernel``: at one token the two launches' ramp and drain cost more than their
-few tiles, while at 16+ tokens the separate launches overlap their tiles better.
+few tiles, while at 16+ tokens the separate launches overlap their tiles better. Where it
+says ``OVERLAP`` (2-32 tokens), 2's programs wait on their own block's gate/up tiles, not
+on the whole of 1, so the down tiles run while 1's last programs drain (``_down_kernel``).
 
 The per-pair buffer, not atomic adds into [T, H]: the k contributions are then summed in
 a fixed order, so the output is bitwise reproducible run to run (atomics add in whatever
@@ -139,8 +141,8 @@ def _gate_up_kernel(
     ROW_SS: tl.constexpr, OVERLAP: tl.constexpr, PDL: tl.constexpr,
 ):
     """OVERLAP: the grid is (n tiles, blocks), so programs start block by block and blocks
-    finish in order, and each real tile is counted into its block's counter for the down
-    kernel (``_down_kernel``)."""
+    finish in order, and every program, a padding block's too, counts itself into its
+    block's counter as its last access (``_down_kernel`` says why)."""
     pdl_wait(PDL)
     if OVERLAP:
         pid_m, pid_n = tl.program_id(1), tl.program_id(0)
@@ -153,8 +155,8 @@ def _gate_up_kernel(
             pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
             BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
         )
-        if OVERLAP:
-            _count_tile(ready_ptr, pid_m)
+    if OVERLAP:
+        _count_tile(ready_ptr, pid_m)
 
 
 @triton.jit
@@ -164,19 +166,24 @@ def _down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     OVERLAP: tl.constexpr, PDL: tl.constexpr,
 ):
-    """OVERLAP: no wait for the whole gate/up launch; a program waits for its own block's
-    gate/up tiles only (the grid is (n tiles, blocks), block by block as the gate/up
+    """OVERLAP: no wait for the whole gate/up launch; each program waits for its own block's
+    gate/up programs' counts (the grid is (n tiles, blocks), block by block as the gate/up
     kernel's), so down tiles run on the SMs the gate/up kernel's last programs leave idle.
-    The launcher enables it only where the gate/up grid cannot be resident all at once: then
-    this kernel (which PDL launches once every gate/up program has started) starts after
-    some gate/up program has passed its wait, so after the alignment and everything before
-    it has completed - the layout and the zeroed counters it reads are final."""
+
+    What orders it: PDL launches this kernel once every gate/up program has started. The
+    launcher enables OVERLAP only where the gate/up grid cannot be resident all at once, so
+    by then some gate/up program has passed its wait and finished: the alignment, and all
+    before it, has completed, and the counters it zeroed are the ones read here. A count
+    (acquire) then orders the block's layout and intermediate rows before their reads, from
+    L2. Every gate/up program counts, and every program here waits for its block's full
+    count, so this launch completes only after every gate/up program's last access: the
+    kernel after it, waiting on this one, is ordered after both (pdl.py's rule)."""
     if OVERLAP:
         pdl_launch_next(PDL)
         pid_m, pid_n = tl.program_id(1), tl.program_id(0)
+        _wait_block(ready_ptr, pid_m, up_tiles)
         expert = tl.load(block_expert_ptr + pid_m, cache_modifier=".cg").to(tl.int64)
         if expert >= 0:
-            _wait_block(ready_ptr, pid_m, up_tiles)
             _down_tile(
                 act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
                 pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, routed_k, hidden, inter,

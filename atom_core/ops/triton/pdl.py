@@ -13,7 +13,9 @@ The rule every kernel launched with PDL keeps: before ``pdl_wait`` it reads only
 kernel of the step writes (weights, the host-written batch metadata, the KV cache rows of
 earlier steps), writes nothing, and every program reaches ``pdl_wait``. Then kernel k+1
 cannot finish before kernel k, so waiting on the previous kernel orders it after all of
-them. A value read again after the wait comes from L2 (``.cg``): L1 is not kept coherent
+them. One kernel orders itself otherwise and keeps that consequence: ``fused_moe``'s
+overlapped down kernel waits on per-block counts of the gate/up kernel's programs, not on
+the whole kernel (its docstring says why that holds). A value read again after the wait comes from L2 (``.cg``): L1 is not kept coherent
 with other SMs' writes. Kernels of other libraries (cuBLAS, torch) are launched without PDL
 and start after the one before them has finished, as always.
 
