@@ -168,50 +168,30 @@ def test_shared_experts_as_implicit_slots(dtype, tokens):
     assert rel_err(got, native_fused_moe(x, w13, w2, full_weights, full_ids)) < tolerance(dtype)
 
 
+def counted_inputs(shape, tokens, shared):
+    """Inputs at the shape's real sizes, ``shared`` shared experts stacked after the routed
+    ones, and the table's config for them."""
+    from atom_core.ops.triton.fused_moe_config import get_config
+
+    x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
+    if shared:
+        w13, w2 = expert_weights(w13.shape[0] + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    return x, w13, w2, weights, ids, get_config(tokens, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
+
+
 @pytest.mark.parametrize("per_sm", [1, 3, 64])  # 64: capped by the occupancy
 @pytest.mark.parametrize("tokens", [1, 16, 32, 64])
 @pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
 def test_persistent_launch_equals_two_launches(per_sm, tokens, shape, shared):
     """Both GEMMs in one launch, its programs waiting on one another's gate/up tiles: bitwise
     the two launches' output, run after run (a missed wait would read a stale intermediate)."""
-    from atom_core.ops.triton.fused_moe_config import get_config
-
-    x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
-    experts = w13.shape[0]
-    if shared:
-        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    x, w13, w2, weights, ids, base = counted_inputs(shape, tokens, shared)
     ids[0, 0] = -1
-    base = get_config(tokens, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
-    two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**base, "PERSISTENT": 0}))
+    plain = MoeConfig({**base, "PERSISTENT": 0, "OVERLAP": False})
+    two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=plain)
     config = MoeConfig({**base, "PERSISTENT": per_sm})
     for _ in range(20):
         assert torch.equal(fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config), two)
-
-
-@pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
-def test_persistent_launch_in_a_graph(shape, shared):
-    """Replayed back to back with new routing each time: the alignment re-zeroes the block
-    counts every replay, so no replay sees the previous one's."""
-    from atom_core.ops.triton.fused_moe_config import get_config
-
-    x, w13, w2, weights, ids = inputs(shape, 32, torch.bfloat16)
-    experts = w13.shape[0]
-    if shared:
-        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
-    config = MoeConfig({**get_config(32, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2]), "PERSISTENT": 4})
-    fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
-    for seed in range(2, 12):
-        nx, _, _, nweights, nids = inputs(shape, 32, torch.bfloat16, seed=seed)
-        x.copy_(nx)
-        weights.copy_(nweights)
-        ids.copy_(nids)
-        graph.replay()
-        want = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**config, "PERSISTENT": 0}))
-        assert torch.equal(out, want)
 
 
 @pytest.mark.parametrize("tokens", [16, 32, 64])  # at 2-4 tokens the grid fits: no overlap
@@ -221,15 +201,10 @@ def test_overlapped_down_launch_equals_two_launches(monkeypatch, tokens, shape, 
     gate/up launch): bitwise the plain launches' output, 20 launches back to back on one
     stream, each reusing the last one's buffers (a missed wait would read a stale or
     half-written intermediate)."""
-    from atom_core.ops.triton.fused_moe_config import get_config
     from tests.ops.test_fused_moe_triton import _down_launches
 
-    x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
-    experts = w13.shape[0]
-    if shared:
-        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
+    x, w13, w2, weights, ids, base = counted_inputs(shape, tokens, shared)
     ids[0, 0] = -1
-    base = get_config(tokens, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
     plain = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**base, "OVERLAP": False}))
     seen = _down_launches(monkeypatch)
     config = MoeConfig({**base, "OVERLAP": True})
@@ -239,26 +214,21 @@ def test_overlapped_down_launch_equals_two_launches(monkeypatch, tokens, shape, 
         assert torch.equal(out, plain)
 
 
+@pytest.mark.parametrize("variant", [("PERSISTENT", 4), ("OVERLAP", True)], ids=["persistent", "overlap"])
 @pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
-def test_overlapped_down_launch_in_a_graph(shape, shared):
-    """Replayed with new routing each time: the alignment re-zeroes the block counters every
-    replay, so no down tile sees the previous replay's counts."""
-    from atom_core.ops.triton.fused_moe_config import get_config
-
-    x, w13, w2, weights, ids = inputs(shape, 32, torch.bfloat16)
-    experts = w13.shape[0]
-    if shared:
-        w13, w2 = expert_weights(experts + shared, x.shape[1], w2.shape[2], torch.bfloat16)
-    base = get_config(32, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
-    config = MoeConfig({**base, "OVERLAP": True})
+def test_counted_launches_in_a_graph(variant, shape, shared):
+    """Two layers' worth, the second reading the first's output, replayed with new routing
+    each time: the alignment re-zeroes the block counts every launch, so no launch sees the
+    one before's."""
+    x, w13, w2, weights, ids, base = counted_inputs(shape, 32, shared)
+    key, on = variant
+    config, plain = MoeConfig({**base, key: on}), MoeConfig({**base, "PERSISTENT": 0, "OVERLAP": False})
     fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        # Two layers' worth back to back, the second reading the first's output.
         mid = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
         out = fused_moe(mid, w13, w2, weights, ids, num_shared_experts=shared, config=config)
-    plain = MoeConfig({**base, "OVERLAP": False})
     for seed in range(2, 12):
         nx, _, _, nweights, nids = inputs(shape, 32, torch.bfloat16, seed=seed)
         x.copy_(nx)

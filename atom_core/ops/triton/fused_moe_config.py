@@ -59,9 +59,11 @@ class MoeConfig(TypedDict):
 # run one after another, where separate launches overlap them.
 #
 # OVERLAP (down tiles wait on their own block's gate/up tiles, not the whole launch) in the
-# decode buckets past batch 1: bench/decode_latency.py, one device call, batch 32 Qwen3-30B-A3B
-# 14.038 / 14.037 -> 13.760 / 13.762 ms, DeepSeek-V2-Lite 8.805 -> 8.673 (bench/RESULTS.md,
-# twenty-fifth session). Below twice the resident programs the launcher keeps the plain wait.
+# decode buckets past batch 1: bench/decode_latency.py, plain wait -> overlap in one device
+# call, batch 32 Qwen3-30B-A3B 14.109 / 14.109 -> 13.803 / 13.805 ms, DeepSeek-V2-Lite 9.001 /
+# 8.991 -> 8.676 / 8.673; batches 8 and 16 0.12-0.25 ms faster (bench/RESULTS.md, twenty-fifth
+# session). Other tiles with it were slower. Where the grid fits the GPU (Qwen3-30B-A3B at 2-4
+# tokens) the launcher keeps the plain wait.
 TUNED: dict[tuple[int, int], dict[int, MoeConfig]] = {
     (2048, 768): {
         1: MoeConfig(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, PERSISTENT=64),
