@@ -257,7 +257,7 @@ def test_overlap_only_where_the_gate_up_grid_cannot_all_be_resident(monkeypatch)
     seen = _down_launches(monkeypatch)
     assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=OVERLAP), want)
     assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=TINY), want)
-    monkeypatch.setattr(module, "resident_programs", lambda *args: 10**6)
+    monkeypatch.setattr(module, "resident_programs", lambda *args, **kwargs: 10**6)
     assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=OVERLAP), want)
     assert seen == [True, False, False]
 

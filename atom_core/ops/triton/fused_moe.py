@@ -308,7 +308,7 @@ def fused_moe(
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
     # The occupancy bound the persistent launch relies on is NVIDIA's (32-thread warps).
     persistent = config.get("PERSISTENT", 0) if torch.version.hip is None else 0
-    overlap = config.get("OVERLAP", False) and not persistent
+    overlap = config.get("OVERLAP", False) and not persistent and torch.version.hip is None
     counted = persistent or overlap
     ready = torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device) if counted else None
     sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts, ready)
@@ -335,23 +335,21 @@ def fused_moe(
         up_args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
             sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps,
-            ready if overlap else block_expert,
+            ready if overlap else block_expert,  # unused without OVERLAP
         )
         consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision, **launch}
         # Overlap only where the gate/up grid cannot be resident all at once (the down kernel's
         # docstring says why that orders it after the alignment); twice the computed occupancy,
         # so that an occupancy figure on the low side cannot break the argument.
         overlap = overlap and blocks * up_tiles > 2 * resident_programs(
-            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True}, 1 << 10)
-        if not overlap:
-            up_args = (*up_args[:-1], block_expert)
+            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True}, per_sm_cap=1 << 10)
         _gate_up_kernel[(up_tiles, blocks) if overlap else (blocks, up_tiles)](
             *up_args, ROW_SS=row_ss, OVERLAP=overlap, **consts,
         )
         _down_kernel[(down_tiles, blocks) if overlap else (blocks, down_tiles)](
             act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
             sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
-            ready if overlap else block_expert, up_tiles, OVERLAP=overlap, **consts,
+            up_args[-1], up_tiles, OVERLAP=overlap, **consts,
         )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     block_k = triton.next_power_of_2(top_k)

@@ -15,9 +15,10 @@ earlier steps), writes nothing, and every program reaches ``pdl_wait``. Then ker
 cannot finish before kernel k, so waiting on the previous kernel orders it after all of
 them. One kernel orders itself otherwise and keeps that consequence: ``fused_moe``'s
 overlapped down kernel waits on per-block counts of the gate/up kernel's programs, not on
-the whole kernel (its docstring says why that holds). A value read again after the wait comes from L2 (``.cg``): L1 is not kept coherent
-with other SMs' writes. Kernels of other libraries (cuBLAS, torch) are launched without PDL
-and start after the one before them has finished, as always.
+the whole kernel (its docstring says why that holds). A value read again after the wait
+comes from L2 (``.cg``): L1 is not kept coherent with other SMs' writes. Kernels of other
+libraries (cuBLAS, torch) are launched without PDL and start after the one before them has
+finished, as always.
 
 ``ATOM_PDL=0`` turns it off (A/B measurements). It is captured into CUDA graphs as
 programmatic edges.
@@ -49,8 +50,8 @@ def pdl_wait(PDL: tl.constexpr):
 
 @triton.jit
 def pdl_launch_next(PDL: tl.constexpr):
-    """Let the next kernel launch, without waiting for the previous one: for a kernel that
-    orders itself after the work it reads by other means (``fused_moe``'s overlapped down
+    """Let the next kernel launch, without waiting for the previous one: for a kernel
+    that orders itself after what it reads by other means (``fused_moe``'s overlapped down
     kernel waits on per-block counters)."""
     if PDL:
         gdc_launch_dependents()
