@@ -3,7 +3,7 @@
     python bench/tune_fused_moe.py [--models qwen3-30b-a3b deepseek-v2-lite]
         [--shape E,K,H,I[,S] ...] [--tp 1] [--batch-sizes 1 2 4 ... 4096] [--dtype bf16]
         [--block-m 16 32 ...] [--block-n ...] [--block-k ...] [--warps ...] [--stages ...]
-        [--no-graph] [--json bench/results/fused_moe_tuning.json]
+        [--overlap] [--no-graph] [--json bench/results/fused_moe_tuning.json]
 
 Shapes come from ``bench/configs/<model>/config.json`` (routed experts, top-k, hidden,
 moe_intermediate_size / tp, shared experts) or ``--shape``. Shared experts (DeepSeek's)
@@ -13,7 +13,9 @@ each holds T rows, not T*k/E. Each config is timed on the whole op
 runs that way, on softmax-top-k routing of random logits; a config whose output is off
 the native reference, or that does not compile (shared memory), is skipped. Prints the
 best per batch size and a ``TUNED[(H, I)] = {...}`` entry for
-``atom_core/ops/triton/fused_moe_config.py``; ``--json`` keeps every timing.
+``atom_core/ops/triton/fused_moe_config.py``; ``--json`` keeps every timing. The table's
+launch forms (``PERSISTENT``, ``OVERLAP``) were chosen in the model, not here; ``--overlap``
+times every candidate with ``OVERLAP`` on, as the decode buckets past one token run.
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE) -> dict[int, dict]:
+def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE,
+               overlap: bool = False) -> dict[int, dict]:
     experts, top_k, hidden, inter, shared = shape
     g = torch.Generator(device=DEVICE).manual_seed(0)
     stacked = experts + shared
@@ -102,6 +105,8 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE) -> d
         ref = native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)
         timings, start = [], time.time()
         for config in candidates(tokens, top_k, experts, x.element_size(), shared, space):
+            if overlap:
+                config = MoeConfig({**config, "OVERLAP": True})
             try:
                 out = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
                 err = rel_err(out, ref)
@@ -158,6 +163,7 @@ def main() -> None:
     for name, values in SPACE.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+", default=list(values),
                         help=f"candidate values (default: {' '.join(map(str, values))})")
+    ap.add_argument("--overlap", action="store_true", help="every candidate with OVERLAP (fused_moe_config)")
     ap.add_argument("--no-graph", action="store_true", help="time eager launches, not graph replay")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fused_moe_tuning.json")
     args = ap.parse_args()
@@ -170,7 +176,8 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "shapes": {}}
     entries = []
     for shape in shapes:
-        results = tune_shape(shape, args.batch_sizes, dtype, graph=not args.no_graph, space=space)
+        results = tune_shape(shape, args.batch_sizes, dtype, graph=not args.no_graph, space=space,
+                             overlap=args.overlap)
         report["shapes"]["E={},k={},H={},I={},shared={}".format(*shape)] = {str(t): r for t, r in results.items()}
         entries.append(table_entry(shape[2], shape[3], results))
     print("\n# for atom_core/ops/triton/fused_moe_config.py:\n" + "\n".join(entries))

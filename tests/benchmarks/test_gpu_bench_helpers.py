@@ -268,7 +268,11 @@ def test_moe_config_overrides_replace_table_entries(monkeypatch):
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
     assert fused_moe_config.get_config(5, 2, 8, 64, 32)["BLOCK_K"] == 64  # a shape the table lacked
     assert set(applied) == {"2048,768,32", "64,32,8"}
-    for bad in ("2048,768=16,64,256,4,2", "2048,768,24=16,64,256,4,2", "2048,768,32=16,64,256", "x"):
+    # The launch forms: PERSISTENT's programs an SM, then OVERLAP as a flag.
+    assert gpu_models.parse_moe_override("2048,768,32=16,32,128,2,3,0,1")[1] == {
+        "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 2, "num_stages": 3, "PERSISTENT": 0, "OVERLAP": True}
+    for bad in ("2048,768=16,64,256,4,2", "2048,768,24=16,64,256,4,2", "2048,768,32=16,64,256", "x",
+                "2048,768,32=16,32,128,2,3,0,1,1"):
         with pytest.raises(SystemExit):
             decode_latency.parse_args(["--moe-config", bad])
 
