@@ -209,7 +209,7 @@ def test_overlapped_down_launch_equals_two_launches(monkeypatch, tokens, shape, 
     seen = _down_launches(monkeypatch)
     config = MoeConfig({**base, "OVERLAP": True})
     outs = [fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config) for _ in range(20)]
-    assert seen == [True] * 20  # these grids are past twice the resident programs
+    assert seen == [(tokens, True)] * 20  # these grids are past twice the resident programs
     for out in outs:
         assert torch.equal(out, plain)
 
@@ -280,4 +280,9 @@ def test_overlap_keeps_the_models_greedy_tokens(tmp_path, monkeypatch, name):
     plain = greedy(False)
     seen = _down_launches(monkeypatch)
     assert greedy(True) == plain
-    assert True in seen
+    # Every 16-32-token step (graph captures of 16 and 32, decode) took the overlap (the
+    # op's own test shows these grids past twice the resident programs); prefill sizes, whose
+    # buckets lack OVERLAP, did not.
+    assert (32, True) in seen
+    assert all(overlap for tokens, overlap in seen if 16 <= tokens <= 32)
+    assert not any(overlap for tokens, overlap in seen if tokens > 32)

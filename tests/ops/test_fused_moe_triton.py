@@ -229,8 +229,8 @@ def test_counted_launches_read_deferred_norms(variant):
     assert rel_err(two, native_fused_moe(normed, w13, w2, weights, ids)) < tolerance(torch.float32)
 
 
-def _down_launches(monkeypatch) -> list[bool]:
-    """Records each ``_down_kernel`` launch's OVERLAP."""
+def _down_launches(monkeypatch) -> list[tuple[int, bool]]:
+    """Records each ``_down_kernel`` launch's (tokens, OVERLAP)."""
     import atom_core.ops.triton.fused_moe as module
 
     seen, real = [], module._down_kernel
@@ -238,7 +238,8 @@ def _down_launches(monkeypatch) -> list[bool]:
     class Spy:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                seen.append(kwargs["OVERLAP"])
+                num_pairs, top_k = args[9], args[10]
+                seen.append((num_pairs // top_k, kwargs["OVERLAP"]))
                 return real[grid](*args, **kwargs)
             return launch
 
@@ -259,7 +260,7 @@ def test_overlap_only_where_the_gate_up_grid_cannot_all_be_resident(monkeypatch)
     assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=TINY), want)
     monkeypatch.setattr(module, "resident_programs", lambda *args, **kwargs: 10**6)
     assert torch.equal(fused_moe(x, w13, w2, weights, ids, config=OVERLAP), want)
-    assert seen == [True, False, False]
+    assert seen == [(7, True), (7, False), (7, False)]
 
 
 @pytest.mark.parametrize("tokens", [3, 300])  # the decode kernel's path and the torch path

@@ -118,8 +118,8 @@ def _down_tile(
 
 @triton.jit
 def _count_tile(ready_ptr, pid_m):
-    """Count a finished gate/up tile into its block's counter: every thread's stores of the
-    tile precede the release."""
+    """Count this program into its block's counter once its gate/up tile is stored (or at
+    once, in a padding block): every thread's stores precede the release."""
     tl.debug_barrier()
     tl.atomic_add(ready_ptr + pid_m, 1, sem="release", scope="gpu")
 
@@ -332,10 +332,10 @@ def fused_moe(
         _experts_kernel[(min(items, resident_programs(_experts_kernel, args, consts, persistent)),)](*args, **consts)
     else:
         blocks, up_tiles, down_tiles = capacity // block_m, triton.cdiv(inter, block_n), triton.cdiv(hidden_size, block_n)
+        counts = ready if ready is not None else block_expert  # the counters; unused without OVERLAP
         up_args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
-            sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps,
-            ready if overlap else block_expert,  # unused without OVERLAP
+            sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps, counts,
         )
         consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision, **launch}
         # Overlap only where the gate/up grid cannot be resident all at once (the down kernel's
@@ -349,7 +349,7 @@ def fused_moe(
         _down_kernel[(down_tiles, blocks) if overlap else (blocks, down_tiles)](
             act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
             sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
-            up_args[-1], up_tiles, OVERLAP=overlap, **consts,
+            counts, up_tiles, OVERLAP=overlap, **consts,
         )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     block_k = triton.next_power_of_2(top_k)
