@@ -37,7 +37,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from atom_core.entrypoints.openai_server import serve
+    from atom_core.entrypoints.server_runtime import serve
 
     return serve(args)
 

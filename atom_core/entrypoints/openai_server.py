@@ -1,8 +1,5 @@
-"""The OpenAI-compatible HTTP server (FastAPI + uvicorn) in front of the engine process.
-
-    atom serve [--model PATH] [--server-port 8000] [engine flags]
-    python -m atom_core.entrypoints.openai_server ...
-"""
+"""The HTTP app (FastAPI) in front of the engine process: OpenAI's and Anthropic's routes,
+auth, health, metrics and profiling. ``server_runtime`` runs it under uvicorn."""
 
 from __future__ import annotations
 
@@ -10,11 +7,9 @@ import argparse
 import asyncio
 import hmac
 import logging
-import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -36,13 +31,15 @@ from atom_core.entrypoints.openai.serving_messages import (
     AnthropicServingMessages,
     anthropic_error_response,
 )
-from atom_core.entrypoints.server_args import add_server_args
 from atom_core.errors import AtomError, AuthenticationError, EngineDeadError
 
 logger = logging.getLogger("atom.server")
 
 
-def build_app(args: argparse.Namespace) -> FastAPI:
+def build_app(
+    args: argparse.Namespace, on_engine_death: Callable[[str], None] | None = None
+) -> FastAPI:
+    """The app; ``on_engine_death(reason)`` is called once if the engine process dies."""
     config = EngineArgs.from_cli_args(args).create_config()
     stop_timeout = profiler_timeout()  # ATOM_PROFILER_TIMEOUT; a bad value fails at start-up
     check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
@@ -60,6 +57,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         except BaseException:
             client.abandon()
             raise
+        if on_engine_death is not None:
+            client.death_listeners.append(on_engine_death)
         metrics = ServerMetrics(client.model_name)
         client.stats_listeners.append(metrics.on_stats)
         client.finish_listeners.append(metrics.on_finished)
@@ -148,27 +147,3 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         return await profile("stop_profile")
 
     return app
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = add_server_args(argparse.ArgumentParser(prog="atom serve", description=__doc__))
-    args = parser.parse_args(argv)
-    return serve(args)
-
-
-def serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        app = build_app(args)
-    except AtomError as exc:
-        print(f"atom serve: error: {exc}", file=sys.stderr)
-        return 1
-    uvicorn.run(
-        app, host=args.host, port=args.server_port, timeout_keep_alive=args.timeout_keep_alive,
-        access_log=not args.disable_uvicorn_access_log, log_level=args.log_level,
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -45,7 +45,7 @@ class ServerProcess:
     def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None) -> None:
         self.port = free_port()
         engine_port = free_port(2)
-        args = [sys.executable, "-m", "atom_core.entrypoints.openai_server", "--host", "127.0.0.1",
+        args = [sys.executable, "-m", "atom_core.entrypoints.server_runtime", "--host", "127.0.0.1",
                 "--server-port", str(self.port), "--port", str(engine_port),
                 "--disable-uvicorn-access-log", *extra]
         if model is not None:

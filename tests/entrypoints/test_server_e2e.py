@@ -237,7 +237,7 @@ def test_engine_port_in_use_is_a_clear_start_up_error():
     taken.bind(("127.0.0.1", port + 1))
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "atom_core.entrypoints.openai_server", "--model", str(tiny_model_dir("llama")),
+            [sys.executable, "-m", "atom_core.entrypoints.server_runtime", "--model", str(tiny_model_dir("llama")),
              "--server-port", str(free_port()), "--port", str(port), "--max-model-len", "128"],
             capture_output=True, text=True, timeout=120,
         )

@@ -214,7 +214,7 @@ def test_anthropic_errors_from_the_real_server(replay):
 def test_an_unknown_tool_call_parser_is_refused_before_the_engine_starts(tmp_path):
     port = free_port()
     proc = subprocess.run(
-        [sys.executable, "-m", "atom_core.entrypoints.openai_server", "--model", str(tmp_path),
+        [sys.executable, "-m", "atom_core.entrypoints.server_runtime", "--model", str(tmp_path),
          "--server-port", str(port), "--tool-call-parser", "nope"],
         capture_output=True, text=True, timeout=120,
     )

@@ -70,6 +70,7 @@ class EngineClient:
         self.dead_reason: str | None = None
         self.stats_listeners: list[Callable[[EngineStats], None]] = []
         self.finish_listeners: list[Callable[[RequestDelta], None]] = []
+        self.death_listeners: list[Callable[[str], None]] = []  # called once, with the reason
         self._streams: dict[str, _Stream] = {}
         self._replies: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
@@ -192,6 +193,8 @@ class EngineClient:
         for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(EngineDeadError(reason))
+        for listener in self.death_listeners:
+            listener(reason)
 
     def _dispatch(self, msg: StepOutputs) -> None:
         for listener in self.stats_listeners:
