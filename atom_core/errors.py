@@ -39,12 +39,27 @@ class EngineDeadError(AtomError):
     """The engine process is gone; requests cannot be served."""
 
 
+class RequestTooLargeError(AtomError):
+    """A request body over --max-request-body-bytes."""
+
+
+class QueueFullError(AtomError):
+    """--max-queued-requests generation requests are already waiting for their first token."""
+
+
+class RequestTimeoutError(AtomError):
+    """A generation request ran past --request-timeout; its generation was aborted."""
+
+
 HTTP_STATUS: dict[type[AtomError], int] = {
     InvalidRequestError: 400,
     ConfigError: 400,
     AuthenticationError: 401,
     ModelNotFoundError: 404,
+    RequestTooLargeError: 413,
+    QueueFullError: 429,
     EngineDeadError: 503,
+    RequestTimeoutError: 504,
 }
 
 

@@ -1,11 +1,14 @@
 """The HTTP app (FastAPI) in front of the engine process: OpenAI's and Anthropic's routes,
-auth, health, metrics and profiling. ``server_runtime`` runs it under uvicorn."""
+health, metrics and profiling. ``server_runtime`` runs it under uvicorn.
+
+Every request passes, outermost first: X-Request-Id (request_id), the API key and the body
+size (http_guards), then, on the generation routes, admission, disconnect and timeout
+(admission); all pure ASGI middleware."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -13,10 +16,18 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp
 
 from atom_core import __version__
 from atom_core.engine.annotations import profiler_timeout
 from atom_core.engine.arg_utils import EngineArgs
+from atom_core.entrypoints.admission import (
+    AdmissionQueue,
+    FirstTokenWatch,
+    GenerationGuard,
+    RequestLimits,
+)
+from atom_core.entrypoints.http_guards import ApiKeyMiddleware, BodySizeLimitMiddleware
 from atom_core.entrypoints.metrics import ServerMetrics
 from atom_core.entrypoints.openai.engine_client import EngineClient
 from atom_core.entrypoints.openai.errors_http import error_response, install_error_handlers
@@ -27,13 +38,19 @@ from atom_core.entrypoints.openai.serving_chat import (
     resolve_chat_parser,
 )
 from atom_core.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from atom_core.entrypoints.openai.serving_messages import (
-    AnthropicServingMessages,
-    anthropic_error_response,
-)
-from atom_core.errors import AtomError, AuthenticationError, EngineDeadError
+from atom_core.entrypoints.openai.serving_messages import AnthropicServingMessages
+from atom_core.entrypoints.request_id import RequestIdMiddleware, install_log_filter
+from atom_core.errors import AtomError, EngineDeadError
 
 logger = logging.getLogger("atom.server")
+
+
+class _App(FastAPI):
+    """FastAPI with X-Request-Id outside its error middleware, so that a 500 carries the
+    id and its log line names it."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestIdMiddleware(super().build_middleware_stack())
 
 
 def build_app(
@@ -43,6 +60,8 @@ def build_app(
     config = EngineArgs.from_cli_args(args).create_config()
     stop_timeout = profiler_timeout()  # ATOM_PROFILER_TIMEOUT; a bad value fails at start-up
     check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
+    limits = RequestLimits.from_args(args)
+    queue = AdmissionQueue(limits.max_queued) if limits.max_queued is not None else None
     state: dict = {}
 
     @asynccontextmanager
@@ -62,30 +81,27 @@ def build_app(
         metrics = ServerMetrics(client.model_name)
         client.stats_listeners.append(metrics.on_stats)
         client.finish_listeners.append(metrics.on_finished)
-        chat = OpenAIServingChat(client, parser=parser, encoder=encoder)
-        state.update(client=client, metrics=metrics, chat=chat, messages=AnthropicServingMessages(chat),
-                     completion=OpenAIServingCompletion(client))
+        # The handlers' engine: with a bounded queue, one that marks each first token.
+        engine = FirstTokenWatch(client) if queue is not None else client
+        chat = OpenAIServingChat(engine, parser=parser, encoder=encoder)
+        state.update(client=client, metrics=metrics, chat=chat,
+                     messages=AnthropicServingMessages(chat),
+                     completion=OpenAIServingCompletion(engine))
+        remove_log_filter = install_log_filter()  # uvicorn's logging is configured by now
         logger.info("serving %s on http://%s:%d", client.model_name, args.host, args.server_port)
         try:
             yield
         finally:
+            remove_log_filter()
             await client.shutdown()
 
-    app = FastAPI(title="ATOM", version=__version__, lifespan=lifespan)
+    app = _App(title="ATOM", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
-
-    @app.middleware("http")
-    async def api_key_auth(request: Request, call_next):
-        if args.api_key and request.url.path.startswith("/v1"):
-            header = request.headers.get("authorization", "")
-            # Anthropic's SDK sends the key as x-api-key.
-            token = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
-            if not hmac.compare_digest(token.encode(), args.api_key.encode()):
-                err = AuthenticationError("missing or invalid API key")
-                if request.url.path.startswith("/v1/messages"):
-                    return anthropic_error_response(err)
-                return error_response(err)
-        return await call_next(request)
+    # add_middleware puts each one outside the ones before it.
+    app.add_middleware(GenerationGuard, limits=limits, queue=queue)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_bytes)
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
 
     def timed(response: Response, request_id: str) -> Response:
         if isinstance(response, StreamingResponse):
@@ -94,10 +110,12 @@ def build_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        limits.check(1, request.n)
         return timed(await state["chat"].create(request, raw_request), "chat")
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        limits.check(len(request.prompt), request.n)
         return timed(await state["completion"].create(request, raw_request), "completion")
 
     @app.post("/v1/messages")

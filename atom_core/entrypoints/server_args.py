@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 from atom_core.engine.arg_utils import EngineArgs
 
@@ -13,7 +15,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--server-port", type=int, default=8000, help="HTTP port (--port is the engine's)")
     g.add_argument("--timeout-keep-alive", type=int, default=5, help="seconds an idle keep-alive connection is held")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    g.add_argument(
+        "--api-key", default=None,
+        help="require this key ('Authorization: Bearer KEY' or 'x-api-key: KEY') on every route "
+        "but /health, /metrics, /version and the API description (/openapi.json, /docs, /redoc)",
+    )
     g.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
@@ -27,5 +33,51 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="reasoning dialect: a registered name (think, kimi_k3), 'none', or 'auto' (read from "
         "the chat template; inline <think> when it names none)",
     )
+    add_limit_args(parser)
     EngineArgs.add_cli_args(parser)
     return parser
+
+
+def add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """What one request may ask of the server (enforced in entrypoints/admission.py and
+    http_guards.py)."""
+    g = parser.add_argument_group("request limits")
+    g.add_argument(
+        "--max-request-body-bytes", type=_positive(int), default=64 * 2**20, metavar="BYTES",
+        help="largest request body read; a larger one is refused with 413 before the rest of "
+        "it is read (default 64 MiB)",
+    )
+    g.add_argument(
+        "--max-prompts-per-request", type=_positive(int), default=1024, metavar="N",
+        help="most prompts in one /v1/completions request (a list prompt); more is a 400",
+    )
+    g.add_argument(
+        "--max-sequences-per-request", type=_positive(int), default=1024, metavar="N",
+        help="most sequences one request generates: n x prompts (chat: n); more is a 400",
+    )
+    g.add_argument(
+        "--request-timeout", type=_positive(float), default=None, metavar="SECONDS",
+        help="longest a generation request may run, from its body being read to its last byte; "
+        "then its generation is aborted and the client gets 504 (a stream, whose 200 went out: "
+        "an error event, then its end). Default: no limit",
+    )
+    g.add_argument(
+        "--max-queued-requests", type=_positive(int), default=None, metavar="N",
+        help="most generation requests admitted but without their first token yet (tokenizing, "
+        "waiting for the engine, prefilling); one more is refused with 429 and Retry-After. "
+        "Default: no limit (the engine's waiting queue absorbs bursts; a benchmark sends its "
+        "whole set at once)",
+    )
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    return parse
