@@ -128,7 +128,12 @@ class ObservabilityConfig:
         False, ("--mark-trace",),
         "write one trace per captured CUDA-graph size to {profiler dir}/capture_traces/ (needs a profiler dir)",
     )
-    port: int = opt(8006, ("--port",), "internal engine communication port")
+    # Accepted so the serving guide's command lines run; the engine link is private IPC.
+    port: int = opt(
+        8006, ("--port",),
+        "accepted for compatibility and unused: the engine talks to the frontend over private, "
+        "authenticated IPC sockets; no TCP port is opened",
+    )
 
 
 PARTS: dict[str, type] = {

@@ -1,18 +1,23 @@
 """The engine process: a busy loop of receive requests -> step -> send outputs.
 
 It owns the model and the KV cache; the server's frontend talks to it over two ZMQ
-sockets (requests in, one StepOutputs message per engine step out). Text stays with the
-frontend: this process sends token ids.
+sockets (requests in, one StepOutputs message per engine step out), a private link
+(core_link). Text stays with the frontend: this process sends token ids. It dies with the
+frontend: PR_SET_PDEATHSIG, and a getppid check every loop iteration.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
+import sys
 
 import zmq
 
 from atom_core.config import Config
+from atom_core.engine.core_link import EngineLink
 from atom_core.engine.core_messages import (
     AbortRequests,
     AddRequest,
@@ -32,6 +37,7 @@ from atom_core.errors import AtomError
 logger = logging.getLogger("atom.engine_core")
 
 IDLE_POLL_MS = 100
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class EngineCore:
@@ -95,15 +101,30 @@ class EngineCore:
         self.push.send(encoder.encode(StepOutputs(outputs, stats)))
 
 
-def run_engine_core(config: Config, in_addr: str, out_addr: str, log_level: int = logging.INFO) -> None:
-    """Entry point of the engine process (spawned by the frontend's EngineClient)."""
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the thread that started it exits (the
+    frontend's main thread): immediate even mid-step, where a poll of getppid would wait for
+    the step to end. Linux only; elsewhere the per-iteration getppid check is the watch."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    args = (ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if libc.prctl(PR_SET_PDEATHSIG, *args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+
+
+def run_engine_core(config: Config, link: EngineLink, parent: int, log_level: int = logging.INFO) -> None:
+    """Entry point of the engine process (spawned by the frontend's EngineClient, whose pid
+    is ``parent``); ``link`` says where and with which keys to connect."""
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    _die_with_parent()
+    if os.getppid() != parent:  # the frontend died before the watch was set
+        logger.info("frontend is gone before the engine started; engine exiting")
+        return
     ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.connect(in_addr)
-    push = ctx.socket(zmq.PUSH)
-    push.connect(out_addr)
-    parent = os.getppid()
+    pull = link.connect(ctx, zmq.PULL, link.to_engine)
+    push = link.connect(ctx, zmq.PUSH, link.from_engine)
     try:
         engine = LLMEngine(config=config, detokenize=False)
         engine.warmup()
@@ -119,6 +140,9 @@ def run_engine_core(config: Config, in_addr: str, out_addr: str, log_level: int 
     core = EngineCore(engine, push)
     try:
         while core.running:
+            if os.getppid() != parent:  # the watch without PDEATHSIG too; one cheap syscall
+                logger.info("frontend is gone; engine exiting")
+                break
             idle = engine.is_finished() and not core.pending and not core.dirty
             if pull.poll(IDLE_POLL_MS if idle else 0):
                 while True:
@@ -127,9 +151,6 @@ def run_engine_core(config: Config, in_addr: str, out_addr: str, log_level: int 
                     except zmq.Again:
                         break
                     core.handle(to_engine_decoder.decode(raw))
-            elif idle and os.getppid() != parent:
-                logger.info("frontend is gone; engine exiting")
-                break
             core.step()
     except Exception as exc:
         logger.exception("engine step failed")

@@ -18,24 +18,18 @@ import urllib.request
 from pathlib import Path
 
 
-def free_port(span: int = 1) -> int:
-    """A port p with p .. p + span - 1 all free on 127.0.0.1, below Linux's ephemeral range
-    (32768 on): a client polling a port there before the server listens can be handed that
-    very port as its own source and connect to itself, reading its request back."""
+def free_port() -> int:
+    """A free port on 127.0.0.1 below Linux's ephemeral range (32768 on): a client polling
+    a port there before the server listens can be handed that very port as its own source
+    and connect to itself, reading its request back."""
     for _ in range(200):
-        p = random.randint(20000, 32767 - span)
-        socks = []
-        try:
-            for q in range(p, p + span):
-                s = socket.socket()
-                s.bind(("127.0.0.1", q))
-                socks.append(s)
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
+        p = random.randint(20000, 32767)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        return p
     raise RuntimeError("no free port")
 
 
@@ -44,10 +38,8 @@ class ServerProcess:
 
     def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None) -> None:
         self.port = free_port()
-        engine_port = free_port(2)
         args = [sys.executable, "-m", "atom_core.entrypoints.server_runtime", "--host", "127.0.0.1",
-                "--server-port", str(self.port), "--port", str(engine_port),
-                "--disable-uvicorn-access-log", *extra]
+                "--server-port", str(self.port), "--disable-uvicorn-access-log", *extra]
         if model is not None:
             args += ["--model", str(model)]
         self.log_path = log

@@ -12,15 +12,17 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from atom_core.config import Config
+from atom_core.engine.core_link import LinkServer
 from atom_core.engine.core_messages import (
     AbortRequests,
     AddRequest,
@@ -58,9 +60,13 @@ class EngineClient:
     """Starts the engine process and serves EngineClientAPI to the HTTP handlers."""
 
     def __init__(self, config: Config, served_model_name: str | None = None) -> None:
-        """Binds the engine's ports and starts its process, then loads the tokenizer while
-        the engine imports and loads the model (each takes seconds; ~2 s of a 19 s start of
-        the embedded model on a 2-core VM is the tokenizer). ``start`` waits for the engine."""
+        """Opens the engine link (core_link) and starts the engine process, then loads the
+        tokenizer while the engine imports and loads the model (each takes seconds; ~2 s of a
+        19 s start of the embedded model on a 2-core VM is the tokenizer). ``start`` waits for
+        the engine. Call it on the main thread: the engine process dies with the thread that
+        started it (PR_SET_PDEATHSIG), and only the main thread lives as long as the process."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("EngineClient must be created on the main thread")
         self.config = config
         model = config.model_config.model
         self.model_name = served_model_name or model or "SmolLM2-135M-Instruct"
@@ -75,27 +81,21 @@ class EngineClient:
         self._replies: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
         self._reader: asyncio.Task | None = None
-        self._ctx = zmq.asyncio.Context()
-        self._out = self._ctx.socket(zmq.PUSH)
-        self._in = self._ctx.socket(zmq.PULL)
-        port = config.observability_config.port
-        try:
-            self._out.bind(f"tcp://127.0.0.1:{port}")
-            self._in.bind(f"tcp://127.0.0.1:{port + 1}")
-        except zmq.ZMQError as exc:
-            self._ctx.destroy(linger=0)
-            raise ConfigError(
-                f"cannot bind the engine ports {port} and {port + 1} on 127.0.0.1 ({exc}); "
-                "another server may be using them: pass a different --port"
-            ) from exc
+        self._link = LinkServer()
+        self._out = self._link.out
+        self._in = self._link.inp
         spawn = mp.get_context("spawn")
         self.process = spawn.Process(
             target=run_engine_core,
-            args=(config, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", logging.getLogger().level),
+            args=(config, self._link.link, os.getpid(), logging.getLogger().level),
             name="atom-engine-core",
             daemon=True,
         )
-        self.process.start()
+        try:
+            self.process.start()
+        except BaseException:
+            self._link.close()
+            raise
         try:
             self.tokenizer, self.chat_template = load_tokenizer(config)
             if self.tokenizer is None:
@@ -135,20 +135,15 @@ class EngineClient:
                 self.process.kill()
         if self._reader is not None:
             self._reader.cancel()
-        self._close_sockets()
+        self._link.close()
 
     def abandon(self) -> None:
         """Start-up failed: kill the engine process (it may still be loading, and would not
-        read a shutdown message until it is done) and close the sockets."""
+        read a shutdown message until it is done) and close the link."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(10)
-        self._close_sockets()
-
-    def _close_sockets(self) -> None:
-        self._out.close(linger=0)
-        self._in.close(linger=0)
-        self._ctx.term()
+        self._link.close()
 
     @property
     def is_healthy(self) -> bool:
