@@ -179,9 +179,16 @@ def test_api_key(tmp_path):
     try:
         url = f"{srv.base_url}/v1/models"
         assert httpx.get(url).status_code == 401
-        assert httpx.get(url, headers={"Authorization": "Bearer nope"}).json()["error"]["code"] == 401
+        wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
         assert httpx.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        assert httpx.get(f"{srv.base_url}/health").status_code == 200  # not a /v1 route
+        assert httpx.get(url, headers={"x-api-key": "s3cret"}).status_code == 200  # Anthropic's SDK
+        # Every route that acts needs the key, not only /v1 (tests/reliability/test_auth.py
+        # runs the whole matrix); probes, scrapers and the version stay open.
+        assert httpx.post(f"{srv.base_url}/start_profile").status_code == 401
+        assert httpx.post(f"{srv.base_url}/stop_profile").status_code == 401
+        for path in ("/health", "/metrics", "/version"):
+            assert httpx.get(f"{srv.base_url}{path}").status_code == 200, path
     finally:
         srv.stop()
 

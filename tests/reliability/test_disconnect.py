@@ -1,0 +1,49 @@
+"""A client that hangs up on a non-streamed request aborts its generation: its KV blocks
+are free within a second (streams were already aborted when their body stopped being
+read; a non-streamed handler used to run to max_tokens for nobody)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.reliability.conftest import AUTH, MAX_MODEL_LEN
+from tests.reliability.engine_gauges import (
+    GENERATED,
+    metric,
+    send_raw,
+    wait_until_idle,
+    wait_until_running,
+)
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = MAX_MODEL_LEN - 40  # the prompts are shorter than 40 tokens
+USER = [{"role": "user", "content": "drop me"}]
+REQUESTS = {
+    "completions": ("/v1/completions", {"prompt": "drop me", "max_tokens": MAX_TOKENS, "ignore_eos": True}),
+    "chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": MAX_TOKENS, "ignore_eos": True}),
+    # No ignore_eos in Anthropic's API: greedy, this prompt runs to max_tokens.
+    "messages": ("/v1/messages", {"model": "tiny", "messages": USER, "max_tokens": MAX_TOKENS,
+                                  "temperature": 0.0}),
+}
+
+
+@pytest.mark.parametrize("route", REQUESTS)
+def test_dropped_non_streamed_request_frees_its_kv_blocks(server, route):
+    path, body = REQUESTS[route]
+    wait_until_idle(server.base_url, timeout=20)
+    before = metric(server.base_url, GENERATED)
+    sent = time.monotonic()
+    sock = send_raw(server.base_url, path, body, AUTH)
+    try:
+        wait_until_running(server.base_url)
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - sent)))
+        assert metric(server.base_url, "atom:num_requests_running") == 1  # still generating
+    finally:
+        sock.close()
+    freed_in = wait_until_idle(server.base_url, timeout=5)
+    assert freed_in <= 1.0, f"KV blocks freed {freed_in:.2f} s after the client left"
+    generated = metric(server.base_url, GENERATED) - before
+    assert generated < MAX_TOKENS - 10, f"{generated} tokens: it ran (nearly) to the end"
