@@ -5,7 +5,9 @@ the forward shows up as a ``prefill[bs=.. tok=..]`` or ``decode[bs=.. tok=..]`` 
 otherwise nothing happens (the label is not even built). ATOM_ENABLE_DETAILED_ANNOTATION=1
 appends the attention FLOP aggregates used for roofline analysis, summed over the batch's
 requests: ``sqsq`` = sum q_len^2, ``sqsk`` = sum q_len*kv_len, ``sk`` = sum kv_len.
-ATOM_PROFILER_TIMEOUT is how long the server waits for ``stop_profile`` to write a trace.
+ATOM_PROFILER_TIMEOUT is how long the server waits for ``stop_profile`` to write a trace;
+ATOM_PROFILER_MAX_STEPS is how many engine steps a server's trace records at most (profiler.py
+says why there is a cap).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.autograd.profiler import record_function
 from atom_core.errors import ConfigError
 
 DEFAULT_PROFILER_TIMEOUT_S = 300.0
+DEFAULT_PROFILER_MAX_STEPS = 50
 
 
 def detailed_annotation() -> bool:
@@ -38,6 +41,22 @@ def profiler_timeout() -> float:
         raise ConfigError(f"ATOM_PROFILER_TIMEOUT must be a number of seconds, got {raw!r}") from None
     if not value > 0:
         raise ConfigError(f"ATOM_PROFILER_TIMEOUT must be positive, got {raw!r}")
+    return value
+
+
+def profiler_max_steps() -> int:
+    """Engine steps after which the server's engine loop ends a trace by itself (0: never)."""
+    raw = os.environ.get("ATOM_PROFILER_MAX_STEPS", "")
+    if not raw.strip():
+        return DEFAULT_PROFILER_MAX_STEPS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"ATOM_PROFILER_MAX_STEPS must be a whole number of steps, got {raw!r}"
+        ) from None
+    if value < 0:
+        raise ConfigError(f"ATOM_PROFILER_MAX_STEPS must be 0 (no cap) or more, got {raw!r}")
     return value
 
 

@@ -32,6 +32,7 @@ from atom_core.engine.core_messages import (
     to_engine_decoder,
 )
 from atom_core.engine.llm_engine import LLMEngine, RequestOutput
+from atom_core.engine.profiler import TraceWrite
 from atom_core.errors import AtomError
 
 logger = logging.getLogger("atom.engine_core")
@@ -47,6 +48,7 @@ class EngineCore:
         self.pending: list[TokenOutput] = []
         self.running = True
         self.dirty = False  # an abort changed the engine's state: report it even if idle
+        self.trace_replies: list[tuple[int, TraceWrite]] = []  # stop_profile: sent once written
 
     def _collect(self, out: RequestOutput) -> None:
         self.pending.append(
@@ -66,16 +68,19 @@ class EngineCore:
         elif isinstance(msg, AbortRequests):
             for rid in msg.request_ids:
                 self.dirty |= self.engine.abort_request(rid)
-        else:
-            self.push.send(encoder.encode(self._control(msg)))
+        elif (reply := self._control(msg)) is not None:
+            self.push.send(encoder.encode(reply))
 
-    def _control(self, msg: Control) -> ControlReply:
+    def _control(self, msg: Control) -> ControlReply | None:
         try:
             if msg.command == "start_profile":
                 self.engine.start_profile()
             elif msg.command == "stop_profile":
-                where = self.engine.profiler.stop()
-                return ControlReply(msg.call_id, True, str(where) if where else "profiler was not running")
+                write = self.engine.profiler.stop_nowait()
+                if write is None:
+                    return ControlReply(msg.call_id, True, "profiler was not running")
+                self.trace_replies.append((msg.call_id, write))  # answered by step()
+                return None
             elif msg.command == "shutdown":
                 self.running = False
             else:
@@ -87,6 +92,14 @@ class EngineCore:
     def step(self) -> None:
         if not self.engine.is_finished():
             self.engine.step()
+            self.engine.profiler.step()
+        for call_id, write in [r for r in self.trace_replies if r[1].done()]:
+            self.trace_replies.remove((call_id, write))
+            try:
+                reply = ControlReply(call_id, True, str(write.result()))
+            except AtomError as exc:
+                reply = ControlReply(call_id, False, str(exc))
+            self.push.send(encoder.encode(reply))
         if not self.pending and not self.dirty and self.engine.is_finished():
             return
         self.dirty = False

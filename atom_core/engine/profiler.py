@@ -3,30 +3,93 @@
 Traces go to ``{torch_profiler_dir}/rank_0/`` (TensorBoard format, gzip), the directory
 named by --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR. ATOM_PROFILER_MORE=1 adds
 shapes, stacks and memory.
+
+Ending a trace costs the thread that profiled: torch collects the events and kineto
+writes them as JSON there (kineto's state is that thread's, and its export holds the
+GIL, so neither can move to a thread), about 5-8 ms per profiled step of the tiny test
+model on a 2-core VM. The server's engine loop therefore counts its steps (``step``) and
+ends a trace by itself after ATOM_PROFILER_MAX_STEPS of them, which bounds that pause.
+Compressing the JSON, the larger part of the old cost, runs in a child process at low
+priority (``TraceWrite``); the trace's ``.json.gz`` appears, complete, when it is done.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+from torch.profiler import ProfilerActivity, profile
 
-from atom_core.errors import ConfigError
+from atom_core.engine.annotations import profiler_max_steps
+from atom_core.errors import AtomError, ConfigError
 
 logger = logging.getLogger(__name__)
+
+# Run by ``python -I -c``: gzip argv[1] into argv[2], then remove argv[1]. The .part name
+# keeps a half-written file from matching *.json.gz.
+_GZIP = """\
+import gzip, os, shutil, sys
+os.nice(10)
+src, dst = sys.argv[1:]
+with open(src, "rb") as f, gzip.open(dst + ".part", "wb", compresslevel=6) as g:
+    shutil.copyfileobj(f, g, 1 << 20)
+os.replace(dst + ".part", dst)
+os.unlink(src)
+"""
 
 
 def profiler_dir(configured: str | None) -> str | None:
     return configured or os.environ.get("ATOM_TORCH_PROFILER_DIR") or None
 
 
+class TraceWrite:
+    """One trace's JSON being compressed into ``path`` by a child process: no GIL shared
+    with the engine loop, and at nice 10 it takes about a tenth of a CPU the engine wants."""
+
+    def __init__(self, json_path: Path, path: Path) -> None:
+        self.path = path
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _GZIP, str(json_path), str(path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+
+    def done(self) -> bool:
+        return self._proc.poll() is not None
+
+    def result(self) -> Path:
+        """Wait until written; the trace's path, or AtomError saying why it was not written."""
+        _, err = self._proc.communicate()
+        if self._proc.returncode != 0:
+            reason = err.decode(errors="replace").strip().splitlines()[-1:] or ["killed"]
+            raise AtomError(f"writing the trace {self.path} failed: {reason[0]}")
+        return self.path
+
+
 class TorchProfiler:
-    def __init__(self, trace_dir: str | None, rank: int = 0) -> None:
+    def __init__(self, trace_dir: str | None, rank: int = 0, max_steps: int | None = None) -> None:
         self.trace_dir = Path(trace_dir) / f"rank_{rank}" if trace_dir else None
+        self.max_steps = profiler_max_steps() if max_steps is None else max_steps  # 0: no cap
         self._prof: profile | None = None
+        self._steps = 0
+        self._unclaimed: TraceWrite | None = None  # the latest trace, not yet handed out
+        self._writes: list[TraceWrite] = []
+        if self.trace_dir is not None:
+            self._warm_up()
+
+    @staticmethod
+    def _warm_up() -> None:
+        """Start and stop an empty trace: the first start of a process initializes kineto,
+        seconds (3.8 s on a loaded 2-core VM) that would otherwise stall the engine loop at
+        the first /start_profile rather than its start-up."""
+        warm = profile(activities=[ProfilerActivity.CPU])
+        warm.start()
+        warm.stop()
 
     @property
     def active(self) -> bool:
@@ -43,20 +106,48 @@ class TorchProfiler:
             activities.append(ProfilerActivity.CUDA)
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         self._prof = profile(
-            activities=activities,
-            record_shapes=more,
-            with_stack=more,
-            profile_memory=more,
-            on_trace_ready=tensorboard_trace_handler(str(self.trace_dir), use_gzip=True),
+            activities=activities, record_shapes=more, with_stack=more, profile_memory=more,
         )
         self._prof.start()
-        logger.info("torch profiler started; traces go to %s", self.trace_dir)
+        self._steps = 0
+        cap = f"at most {self.max_steps} steps" if self.max_steps else "no step cap"
+        logger.info("torch profiler started (%s); traces go to %s", cap, self.trace_dir)
+
+    def step(self) -> None:
+        """One engine step done: past ``max_steps`` of them the trace ends here."""
+        if self._prof is None:
+            return
+        self._steps += 1
+        if self.max_steps and self._steps >= self.max_steps:
+            self._end("its step cap (ATOM_PROFILER_MAX_STEPS)")
+
+    def stop_nowait(self) -> TraceWrite | None:
+        """End the trace (if one is recording) and return the latest trace being written,
+        once: None if there is none since the last call."""
+        if self._prof is not None:
+            self._end("stop_profile")
+        claimed, self._unclaimed = self._unclaimed, None
+        return claimed
 
     def stop(self) -> Path | None:
-        """Stop and write the trace; returns the directory (None if nothing was running)."""
-        if self._prof is None:
-            return None
+        """End the trace and wait until every trace is written; returns the directory
+        (None if nothing was running)."""
+        claimed = self.stop_nowait()
+        writes, self._writes = self._writes, []
+        for write in writes:
+            write.result()
+        return self.trace_dir if claimed is not None else None
+
+    def _end(self, why: str) -> None:
         prof, self._prof = self._prof, None
+        start = time.perf_counter()
         prof.stop()
-        logger.info("torch profiler stopped; trace written to %s", self.trace_dir)
-        return self.trace_dir
+        name = f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
+        json_path = self.trace_dir / f"{name}.tmp"
+        prof.export_chrome_trace(str(json_path))
+        pause_ms = (time.perf_counter() - start) * 1e3
+        write = TraceWrite(json_path, self.trace_dir / f"{name}.gz")
+        self._writes = [w for w in self._writes if not w.done()] + [write]
+        self._unclaimed = write
+        logger.info("torch profiler stopped by %s after %d steps (%.0f ms to collect); "
+                    "compressing the trace to %s", why, self._steps, pause_ms, write.path)
