@@ -182,9 +182,10 @@ class _GuardedRequest:
             done, _ = await asyncio.wait({app_task}, timeout=timeout_s)
             if not done:
                 await _cancel(app_task)
-                logger.warning("request timed out after %g s (--request-timeout); "
-                               "generation aborted", timeout_s)
-                await self._send_timeout(timeout_s)
+                if not self.complete:  # else only the app's last steps were cut
+                    logger.warning("request timed out after %g s (--request-timeout); "
+                                   "generation aborted", timeout_s)
+                    await self._send_timeout(timeout_s)
             elif not app_task.cancelled():  # cancelled: the client left, nobody to answer
                 app_task.result()  # the app's own exception goes on to the error middleware
         finally:
@@ -217,8 +218,6 @@ class _GuardedRequest:
             self.app_task.cancel()
 
     async def _send_timeout(self, timeout_s: float | None) -> None:
-        if self.complete:
-            return
         err = RequestTimeoutError(
             f"the request did not finish within {timeout_s:g} s (--request-timeout)"
         )

@@ -45,7 +45,7 @@ from atom_core.errors import AtomError, EngineDeadError
 logger = logging.getLogger("atom.server")
 
 
-class _App(FastAPI):
+class AtomApp(FastAPI):
     """FastAPI with X-Request-Id outside its error middleware, so that a 500 carries the
     id and its log line names it."""
 
@@ -95,7 +95,7 @@ def build_app(
             remove_log_filter()
             await client.shutdown()
 
-    app = _App(title="ATOM", version=__version__, lifespan=lifespan)
+    app = AtomApp(title="ATOM", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
     # add_middleware puts each one outside the ones before it.
     app.add_middleware(GenerationGuard, limits=limits, queue=queue)

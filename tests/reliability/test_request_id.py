@@ -12,6 +12,8 @@ import uuid
 import httpx
 import pytest
 
+from atom_core.entrypoints.openai.errors_http import install_error_handlers
+from atom_core.entrypoints.openai_server import AtomApp
 from tests.reliability.conftest import AUTH
 from tests.reliability.engine_gauges import send_raw, wait_until_idle, wait_until_running
 
@@ -90,3 +92,21 @@ def test_log_lines_name_the_request(server):
         time.sleep(0.05)
     [line] = [line for line in server.log_path.read_text().splitlines() if rid in line]
     assert "client disconnected" in line
+
+
+def test_a_500_carries_it_too():
+    """The id is added outside FastAPI's error middleware, which answers a 500 itself."""
+    app = AtomApp()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    async def get() -> httpx.Response:
+        transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/boom", headers={"X-Request-Id": "bug-report-1"})
+
+    r = asyncio.run(get())
+    assert r.status_code == 500 and r.headers["x-request-id"] == "bug-report-1"
