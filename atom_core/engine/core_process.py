@@ -142,7 +142,8 @@ def run_engine_core(config: Config, link: EngineLink, parent: int, log_level: in
         engine = LLMEngine(config=config, detokenize=False)
         engine.warmup()
     except Exception as exc:  # report why, so the frontend can say it instead of hanging
-        logger.exception("engine failed to start")
+        if not isinstance(exc, AtomError):  # an AtomError's message is all there is to say
+            logger.exception("engine failed to start")
         push.send(encoder.encode(EngineFailed(f"{type(exc).__name__}: {exc}")))
         return
     hf = engine.hf_config
@@ -151,6 +152,10 @@ def run_engine_core(config: Config, link: EngineLink, parent: int, log_level: in
         config.cache_config.block_size, (getattr(hf, "architectures", None) or ["?"])[0],
     )))
     core = EngineCore(engine, push)
+    # Ctrl+C, or a SIGTERM to the whole group (systemd, ServerProcess.stop), is the
+    # frontend's to act on: it drains its requests, then sends "shutdown".
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         while core.running:
             if os.getppid() != parent:  # the watch without PDEATHSIG too; one cheap syscall

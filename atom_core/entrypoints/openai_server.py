@@ -87,6 +87,7 @@ def build_app(
         state.update(client=client, metrics=metrics, chat=chat,
                      messages=AnthropicServingMessages(chat),
                      completion=OpenAIServingCompletion(engine))
+        app.state.engine_client = client  # server_runtime aborts what a shutdown's drain left
         remove_log_filter = install_log_filter()  # uvicorn's logging is configured by now
         logger.info("serving %s on http://%s:%d", client.model_name, args.host, args.server_port)
         try:

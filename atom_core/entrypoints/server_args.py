@@ -16,6 +16,16 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--timeout-keep-alive", type=int, default=5, help="seconds an idle keep-alive connection is held")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
     g.add_argument(
+        "--timeout-graceful-shutdown", type=_positive(float), default=20.0, metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may finish before they are aborted "
+        "(default 20: under Kubernetes' default 30 s grace period, with time left to stop)",
+    )
+    g.add_argument(
+        "--timeout-header-read", type=_positive(float), default=20.0, metavar="SECONDS",
+        help="a connection must deliver each request's headers within this long, else it is "
+        "closed (a slow or silent client would otherwise hold it forever; default 20)",
+    )
+    g.add_argument(
         "--api-key", default=None,
         help="require this key ('Authorization: Bearer KEY' or 'x-api-key: KEY') on every route "
         "but /health, /metrics, /version and the API description (/openapi.json, /docs, /redoc)",

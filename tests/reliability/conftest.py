@@ -20,6 +20,7 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_MODEL_LEN = 256
 SERVER_FLAGS: tuple[str, ...] = (
     "--max-model-len", str(MAX_MODEL_LEN), "--served-model-name", "tiny", "--api-key", API_KEY,
+    "--timeout-header-read", "3",
 )
 
 
@@ -41,8 +42,9 @@ def start_server(tmp_path_factory) -> Iterator[Callable[..., ServerProcess]]:
 
 
 @pytest.fixture(scope="session")
-def server(start_server) -> ServerProcess:
-    return start_server(*SERVER_FLAGS)
+def server(start_server, tmp_path_factory) -> ServerProcess:
+    traces = tmp_path_factory.mktemp("traces")  # what /start_profile records goes here
+    return start_server(*SERVER_FLAGS, "--torch-profiler-dir", str(traces))
 
 
 @pytest.fixture

@@ -267,6 +267,17 @@ class EngineClient:
         if self.is_healthy:
             await self._out.send(encoder.encode(AbortRequests([request_id])))
 
+    def abort_all(self, reason: str) -> int:
+        """End every request in flight now, each with ``reason`` as its error (the server is
+        stopping: its handlers answer 503 or a stream's error frame); returns how many."""
+        rids = [rid for rid, stream in self._streams.items() if not stream.finished]
+        for rid in rids:
+            self._streams[rid].finished = True
+            self._streams[rid].collector.put(RequestDelta(rid, finished=True, finish_reason="abort", error=reason))
+        if rids and self.is_healthy:
+            self._out.send(encoder.encode(AbortRequests(rids)))  # not awaited, as in generate
+        return len(rids)
+
     async def control(self, command: str, timeout: float = 300.0) -> ControlReply:
         """Run an engine command (start_profile, stop_profile) and wait for its reply."""
         self._check_alive()
