@@ -31,6 +31,7 @@ from atom_core.entrypoints.openai.chat_encoders import (
     load_chat_encoder,
 )
 from atom_core.entrypoints.openai.client_api import EngineClientAPI
+from atom_core.entrypoints.openai.prompt_tokens import PromptTokenizer, off_loop
 from atom_core.entrypoints.openai.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -251,6 +252,7 @@ class OpenAIServingChat:
         self.engine = engine
         self.names = served_names(engine, model_aliases)
         self.texts = TokenTexts(engine.tokenizer)
+        self.tokens = PromptTokenizer(engine.tokenizer)
         if parser is None:
             encoder = encoder or chat_encoder_for(engine)
             parser = ResponseParser.resolve(encoder)
@@ -267,7 +269,7 @@ class OpenAIServingChat:
         self, request: ChatCompletionRequest, raw_request: Request | None = None
     ) -> Response:
         check_model(request.model, self.names)
-        prompt, prompt_ids, show_reasoning = self.render(request)
+        prompt, prompt_ids, show_reasoning = await self.render(request)
         check_prompt_len(self.engine, len(prompt_ids), "messages")
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
                                      show_reasoning=show_reasoning,
@@ -294,22 +296,32 @@ class OpenAIServingChat:
             return {}, enabled
         return switch.kwargs(enabled), True
 
-    def render(self, request: ChatCompletionRequest) -> tuple[str, list[int], bool]:
+    async def render(self, request: ChatCompletionRequest) -> tuple[str, list[int], bool]:
         """The prompt's text and token ids, and whether reasoning reaches the client.
         A client's own chat_template_kwargs win over the thinking knobs."""
-        messages = [self._message(m) for m in request.messages]
         thinking_kwargs, show_reasoning = self.thinking(request.thinking_requested)
         kwargs: dict[str, Any] = {"add_generation_prompt": True, **thinking_kwargs}
         extra = request.chat_template_kwargs or {}
         kwargs.update({k: v for k, v in extra.items() if k not in _RESERVED_KWARGS})
-        text, ids = self.render_prompt(messages, request.tools, kwargs)
+        text, ids = await off_loop(self._render_request, request, kwargs)
         return text, ids, show_reasoning
 
-    def render_prompt(
+    def _render_request(
+        self, request: ChatCompletionRequest, kwargs: dict[str, Any]
+    ) -> tuple[str, list[int]]:
+        messages = [self._message(m) for m in request.messages]  # O(body): off the loop too
+        return self._render_prompt(messages, request.tools, kwargs)
+
+    async def render_prompt(
         self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
     ) -> tuple[str, list[int]]:
         """The chat template's text and its ids, tokenized without adding special tokens
-        (the template already wrote them)."""
+        (the template already wrote them); rendered and tokenized on a worker thread."""
+        return await off_loop(self._render_prompt, messages, tools, kwargs)
+
+    def _render_prompt(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+    ) -> tuple[str, list[int]]:
         tokenizer = self.engine.tokenizer
         try:
             if isinstance(self.encoder, PythonChatEncoder):
@@ -328,7 +340,7 @@ class OpenAIServingChat:
             ) from exc
         if not isinstance(text, str):
             raise InvalidRequestError("the chat template did not produce text", param="messages")
-        return text, tokenizer.encode(text, add_special_tokens=False)
+        return text, self.tokens.encode(text, False, self.engine.max_model_len, "messages")
 
     def _message(self, message: ChatMessage) -> dict[str, Any]:
         out = message.model_dump(exclude_none=True)

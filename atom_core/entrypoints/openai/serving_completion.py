@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from atom_core.engine.sequence import Logprob
 from atom_core.entrypoints.openai.client_api import EngineClientAPI
+from atom_core.entrypoints.openai.prompt_tokens import PromptTokenizer, off_loop
 from atom_core.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionChunk,
@@ -79,12 +80,13 @@ class OpenAIServingCompletion:
         self.engine = engine
         self.names = served_names(engine, model_aliases)
         self.texts = TokenTexts(engine.tokenizer)
+        self.tokens = PromptTokenizer(engine.tokenizer)
 
     async def create(
         self, request: CompletionRequest, raw_request: Request | None = None
     ) -> Response:
         check_model(request.model, self.names)
-        prompts = [self._prompt(p, request) for p in request.prompt]
+        prompts = await off_loop(self._prompts, request)
         rid, n = random_id("cmpl"), request.n
         jobs = []
         for p_index, prompt in enumerate(prompts):
@@ -100,11 +102,16 @@ class OpenAIServingCompletion:
             return sse_response(self._stream(request, rid, jobs, choice_prompts, prompt_tokens))
         return await self._full(request, rid, jobs, choice_prompts, prompt_tokens)
 
+    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
+        """A worker thread's part: every prompt's ids, checked against the context."""
+        return [self._prompt(p, request) for p in request.prompt]
+
     def _prompt(self, prompt: str | list[int], request: CompletionRequest) -> _Prompt:
-        tokenizer = self.engine.tokenizer
+        tokenizer, max_model_len = self.engine.tokenizer, self.engine.max_model_len
         if isinstance(prompt, str):
-            ids = tokenizer.encode(prompt, add_special_tokens=request.add_special_tokens)
+            ids = self.tokens.encode(prompt, request.add_special_tokens, max_model_len, "prompt")
             return _Prompt(prompt, ids)
+        check_prompt_len(self.engine, len(prompt), "prompt")  # before reading every id
         vocab = len(tokenizer)
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:

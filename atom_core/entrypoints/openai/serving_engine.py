@@ -21,6 +21,7 @@ import anyio
 from atom_core.engine.sequence import Logprob
 from atom_core.entrypoints.openai.client_api import EngineClientAPI
 from atom_core.entrypoints.openai.errors_http import exception_body
+from atom_core.entrypoints.openai.prompt_tokens import context_error
 from atom_core.entrypoints.openai.protocol import UsageInfo
 from atom_core.entrypoints.openai.sse import data_frame
 from atom_core.entrypoints.openai.streaming_dispatch import RequestDelta
@@ -49,11 +50,7 @@ def check_prompt_len(engine: EngineClientAPI, num_tokens: int, param: str) -> No
     if num_tokens == 0:
         raise InvalidRequestError("the prompt is empty", param=param)
     if num_tokens >= engine.max_model_len:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {engine.max_model_len} tokens. However, "
-            f"your prompt has {num_tokens} tokens, which leaves no room to generate one.",
-            param=param,
-        )
+        raise context_error(engine.max_model_len, num_tokens, param)
 
 
 def choice_params(params: SamplingParams, j: int) -> SamplingParams:

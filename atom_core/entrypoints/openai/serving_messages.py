@@ -309,7 +309,7 @@ class AnthropicServingMessages:
         enabled = None if request.thinking is None else request.thinking.type == "enabled"
         kwargs, show_thinking = self.chat.thinking(enabled)
         tools = chat_tools(request)
-        prompt, prompt_ids = self.chat.render_prompt(
+        prompt, prompt_ids = await self.chat.render_prompt(
             chat_messages(request), tools, {"add_generation_prompt": True, **kwargs}
         )
         check_prompt_len(self.engine, len(prompt_ids), "messages")
