@@ -65,8 +65,8 @@ def serve(args: argparse.Namespace) -> int:
     process exits from here with the server's code."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        check_model(args)
         app = build_app(args, on_engine_death=lambda reason: server.engine_died(reason))
+        check_model(args)  # after the flags build_app checks: those errors say more
     except AtomError as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 1
