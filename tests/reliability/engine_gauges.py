@@ -18,15 +18,23 @@ KV_USAGE = "atom:kv_cache_usage_perc"
 GENERATED = "atom:generation_tokens_total"
 
 
-def metric(base_url: str, name: str) -> float:
+def metrics(base_url: str, *names: str) -> dict[str, float]:
+    """The values of ``names`` in one scrape."""
     text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
+    values = {}
+    for name in names:
+        m = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+        assert m, f"{name} not in /metrics"
+        values[name] = float(m.group(1))
+    return values
+
+
+def metric(base_url: str, name: str) -> float:
+    return metrics(base_url, name)[name]
 
 
 def gauges(base_url: str) -> dict[str, float]:
-    return {name: metric(base_url, name) for name in (RUNNING, WAITING, KV_USAGE)}
+    return metrics(base_url, RUNNING, WAITING, KV_USAGE)
 
 
 def wait_until_idle(base_url: str, timeout: float) -> float:
