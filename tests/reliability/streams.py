@@ -28,15 +28,23 @@ class StreamReader(threading.Thread):
         try:
             with httpx.stream("POST", self.url, json=self.body, headers=self.headers, timeout=120) as r:
                 self.status = r.status_code
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        data = line[6:]
-                        self.frames.append((time.monotonic(), data if data == "[DONE]" else json.loads(data)))
-                        self.first_frame.set()
+                # Split on b"\n" only: httpx's iter_lines also splits on U+2028 and the like,
+                # which a random model's text holds.
+                pending = b""
+                for chunk in r.iter_bytes():
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        self._frame(line.decode())
         except httpx.HTTPError as exc:
             self.failure = exc
         finally:
             self.first_frame.set()  # a stream that failed before its first frame wakes waiters too
+
+    def _frame(self, line: str) -> None:
+        if line.startswith("data: "):
+            data = line[6:]
+            self.frames.append((time.monotonic(), data if data == "[DONE]" else json.loads(data)))
+            self.first_frame.set()
 
     def started(self, timeout: float = 60) -> StreamReader:
         """Start it and wait for its first frame."""
