@@ -8,6 +8,11 @@
 Adapted from vLLM's benchmark_serving: same flags, same timing, same printed block, plus
 "Concurrency:" and "ITL/TPOT (merge factor):". One process drives thousands of concurrent
 streams: one pooled aiohttp session, no per-request connector.
+
+Every argument is checked before the run starts (values, files, the server answering
+on its port); what is wrong is a ConfigError, which ``atom`` prints as one line. A run
+in which every request failed (a wrong --endpoint or --served-model-name) prints its
+block, then fails the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ import json
 import math
 import os
 import resource
+import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 from tqdm import tqdm
@@ -46,6 +55,7 @@ from atom_core.benchmarks.metrics import (
     result_dict,
 )
 from atom_core.benchmarks.tokenizer import get_tokenizer
+from atom_core.errors import AtomError, ConfigError
 
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "tgi": "/generate_stream",
                      "tensorrt-llm": "/generate_stream"}
@@ -184,9 +194,12 @@ async def benchmark(
 
 
 def _percentiles(spec: str) -> list[float]:
-    values = [float(p) for p in spec.split(",") if p.strip()]
+    try:
+        values = [float(p) for p in spec.split(",") if p.strip()]
+    except ValueError:
+        values = []
     if not values or any(not 0 <= p <= 100 for p in values):
-        raise ValueError(f"--metric-percentiles must be numbers in [0, 100], got {spec!r}")
+        raise ConfigError(f"--metric-percentiles must be numbers in [0, 100], got {spec!r}")
     return values
 
 
@@ -194,22 +207,110 @@ def _percentile_metrics(spec: str) -> list[str]:
     names = [m.strip() for m in spec.split(",") if m.strip()]
     bad = [m for m in names if m not in ("ttft", "tpot", "itl", "e2el")]
     if bad:
-        raise ValueError(f"--percentile-metrics: unknown {', '.join(bad)} (ttft, tpot, itl, e2el)")
+        raise ConfigError(f"--percentile-metrics: unknown {', '.join(bad)} (ttft, tpot, itl, e2el)")
     return names
 
 
+@contextmanager
+def refused_as(what: str | None = None) -> Iterator[None]:
+    """What the block raises about a bad input (a missing file, a malformed value) as a
+    ConfigError, its message prefixed with ``what`` it was about (when it does not say)."""
+    try:
+        yield
+    except AtomError:
+        raise
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError(f"{what}: {exc}" if what else str(exc)) from exc
+
+
+def load_tokenizer(args: argparse.Namespace) -> Any:
+    """The tokenizer of --tokenizer, else of --model, from local files."""
+    name = args.tokenizer or args.model
+    flag = "--tokenizer" if args.tokenizer else "--model"
+    path = os.path.expanduser(name)
+    if (os.path.isabs(path) or name.startswith(".")) and not os.path.exists(path):
+        raise ConfigError(f"{flag} {name}: no such file or directory (the tokenizer is read from local files)")
+    with refused_as(f"cannot load the tokenizer of {flag} {name}"):
+        return get_tokenizer(name, trust_remote_code=args.trust_remote_code)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse the values argparse's types let through but a run cannot take."""
+    def need(ok: bool, flag: str, value: Any, what: str) -> None:
+        if not ok:
+            raise ConfigError(f"{flag} must be {what}, got {value!r}")
+
+    positive, non_negative = "a positive integer", "a non-negative integer"
+    need(args.num_prompts >= 1, "--num-prompts", args.num_prompts, positive)
+    need(args.request_rate > 0, "--request-rate", args.request_rate, "positive (inf: all at once)")
+    need(0 < args.burstiness < math.inf, "--burstiness", args.burstiness, "a positive number")
+    need(args.max_concurrency is None or args.max_concurrency >= 1, "--max-concurrency",
+         args.max_concurrency, positive)
+    need(args.num_warmups >= 0, "--num-warmups", args.num_warmups, non_negative)
+    need(args.best_of >= 1, "--best-of", args.best_of, positive)
+    need(args.logprobs is None or args.logprobs >= 0, "--logprobs", args.logprobs, non_negative)
+    need(1 <= args.port <= 65535, "--port", args.port, "a port number (1-65535)")
+    for flag in ("random_input_len", "random_output_len", "sonnet_input_len", "sonnet_output_len"):
+        need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')}", getattr(args, flag), positive)
+    for flag in ("random_prefix_len", "sonnet_prefix_len"):
+        need(getattr(args, flag) >= 0, f"--{flag.replace('_', '-')}", getattr(args, flag), non_negative)
+    for flag in ("sharegpt_output_len", "hf_output_len"):
+        value = getattr(args, flag)
+        need(value is None or value >= 1, f"--{flag.replace('_', '-')}", value, positive)
+    need(0 <= args.random_range_ratio <= 1, "--random-range-ratio", args.random_range_ratio,
+         "in [0, 1]")
+    if args.dataset_name in ("sharegpt", "burstgpt", "hf") and not args.dataset_path:
+        raise ConfigError(f"--dataset-name {args.dataset_name} needs --dataset-path (a local file; "
+                          "nothing is downloaded)")
+    if args.dataset_path and not os.path.exists(os.path.expanduser(args.dataset_path)):
+        raise ConfigError(f"--dataset-path {args.dataset_path}: no such file or directory")
+    for item in args.metadata or []:
+        need("=" in item, "--metadata", item, "KEY=VALUE pairs")
+    need(not (args.result_dir and os.path.exists(args.result_dir) and not os.path.isdir(args.result_dir)),
+         "--result-dir", args.result_dir, "a directory")
+
+
+def check_reachable(base_url: str, flag: str, timeout_s: float = 5.0) -> None:
+    """Refuse a URL that is not http(s), or whose host does not accept a connection."""
+    parts = urlsplit(base_url)
+    with refused_as(f"{flag} {base_url!r}"):
+        port = parts.port  # a malformed port raises ValueError
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{flag} {base_url!r} is not an http:// or https:// URL")
+    port = port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ConfigError(f"cannot reach the server at {base_url} ({flag}): {reason}") from exc
+
+
+def _first_line(error: str) -> str:
+    """A request's error (possibly a whole traceback) as one line: its last line."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no error recorded"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Everything ``atom bench serve`` does: sample, run, print, and save if asked."""
-    raise_fd_limit()
-    print(args)
+    """Everything ``atom bench serve`` does: check, sample, run, print, and save if asked."""
+    check_args(args)
+    with refused_as():  # its messages name --goodput
+        goodput = parse_goodput(args.goodput)
+    percentiles, metrics = _percentiles(args.metric_percentiles), _percentile_metrics(args.percentile_metrics)
     endpoint = args.endpoint or DEFAULT_ENDPOINTS.get(args.backend, "/v1/completions")
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    check_reachable(base_url, "--base-url" if args.base_url else "--host/--port")
     api_url = f"{base_url}{endpoint}"
     tokenizer_id = args.tokenizer or args.model
-    goodput = parse_goodput(args.goodput)
-    percentiles, metrics = _percentiles(args.metric_percentiles), _percentile_metrics(args.percentile_metrics)
-    tokenizer = get_tokenizer(tokenizer_id, trust_remote_code=args.trust_remote_code)
-    requests = get_samples(args, tokenizer)
+    tokenizer = load_tokenizer(args)
+    try:
+        requests = get_samples(args, tokenizer)
+    except AtomError:
+        raise
+    except Exception as exc:  # what reading the user's dataset raises is about that dataset
+        source = f" (--dataset-path {args.dataset_path})" if args.dataset_path else ""
+        raise ConfigError(f"--dataset-name {args.dataset_name}{source}: {type(exc).__name__}: {exc}") from exc
+    raise_fd_limit()
 
     gc.collect()
     gc.freeze()  # the prompts are static: keep the collector from re-scanning them mid-run
@@ -225,6 +326,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gc.unfreeze()
     if args.save_result:
         save_result(args, result, tokenizer_id)
+    if result["completed"] == 0:
+        first = next((e for e in result["errors"] if e), "")
+        raise ConfigError(f"every one of the {len(result['errors'])} requests to {api_url} failed; "
+                          f"the first: {_first_line(first)}")
     return result
 
 
@@ -236,6 +341,11 @@ def save_result(args: argparse.Namespace, result: dict[str, Any], tokenizer_id: 
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
         "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
     }
+    if args.dataset_name in ("sharegpt", "burstgpt", "hf") and not args.dataset_path:
+        raise ConfigError(f"--dataset-name {args.dataset_name} needs --dataset-path (a local file; "
+                          "nothing is downloaded)")
+    if args.dataset_path and not os.path.exists(os.path.expanduser(args.dataset_path)):
+        raise ConfigError(f"--dataset-path {args.dataset_path}: no such file or directory")
     for item in args.metadata or []:
         key, sep, value = item.partition("=")
         if not sep:
@@ -255,10 +365,16 @@ def save_result(args: argparse.Namespace, result: dict[str, Any], tokenizer_id: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="atom bench serve", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from atom_core.entrypoints.cli import AtomArgumentParser
+
+    parser = AtomArgumentParser(prog="atom bench serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     args = add_cli_args(parser).parse_args(argv)
-    run(args)
+    try:
+        run(args)
+    except AtomError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,4 +1,11 @@
-"""The ``atom`` command: one sub-command per job."""
+"""The ``atom`` command: one sub-command per job.
+
+A mistake on the command line costs one line on stderr, never a usage block, a
+traceback or a dump of the parsed arguments: ``atom bench serve: error: argument
+--num-prompts: invalid int value: 'abc' (see 'atom bench serve --help')``, exit status 2
+for what argparse refuses, 1 for a value a command refuses once it looks (an AtomError:
+a missing file, a server that does not answer).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,37 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from atom_core import __version__
 from atom_core.entrypoints import bench_cmd, generate_cmd, parse_cmd
 from atom_core.errors import AtomError
+
+
+class AtomArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors, naming the sub-command they belong to. Sub-command
+    parsers are made of this class too (argparse makes them of their parent's class).
+    The innermost parser refuses the arguments it does not know (argparse leaves that to
+    the top one, whose error would name ``atom``), and records its name in the parsed
+    arguments as ``command_prog`` for the errors a command raises later."""
+
+    _has_commands = False
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        self._has_commands = True
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if not self._has_commands:
+            if extras:
+                self.error(f"unrecognized arguments: {' '.join(extras)}")
+            parsed.command_prog = self.prog
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        message = message.replace("\n", " ")
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -43,7 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="atom", description="ATOM LLM inference engine")
+    parser = AtomArgumentParser(prog="atom", description="ATOM LLM inference engine")
     parser.add_argument("--version", action="version", version=f"atom {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -69,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except AtomError as exc:
-        print(f"atom: error: {exc}", file=sys.stderr)
+        message = str(exc).replace("\n", " ")
+        print(f"{args.command_prog}: error: {message}", file=sys.stderr)
         return 1
 
 
