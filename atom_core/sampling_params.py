@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from atom_core.errors import InvalidRequestError
 
+# Integers cross to the engine process (msgspec: at most 2**64 - 1) and into torch tensors
+# (int64), so each is bounded to what both can hold.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 @dataclass
 class SamplingParams:
@@ -18,6 +22,8 @@ class SamplingParams:
     frequency: over generated tokens) and Hugging Face (repetition: over prompt and output).
     ``logprobs`` = n returns the sampled token's logprob and the top-n per generated token;
     ``prompt_logprobs`` = n does the same for every prompt token after the first.
+    ``max_tokens``, ``top_k`` and stop token ids are int64s; ``seed`` is in
+    torch.Generator's range, [-2**63, 2**64 - 1].
     """
 
     temperature: float = 1.0
@@ -49,12 +55,16 @@ class SamplingParams:
 
         if not self.temperature >= 0:
             raise bad("temperature", f"must be >= 0, got {self.temperature}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= INT64_MAX:
+            raise bad("max_tokens", f"must be in [1, 2**63 - 1], got {self.max_tokens!r}")
         if not 0 < self.top_p <= 1:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int):
-            raise bad("top_k", f"must be an integer, got {self.top_k!r}")
+        if not isinstance(self.top_k, int) or not INT64_MIN <= self.top_k <= INT64_MAX:
+            raise bad("top_k", f"must be an int64, got {self.top_k!r}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or not INT64_MIN <= self.seed <= 2**64 - 1
+        ):
+            raise bad("seed", f"must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}")
         if not 0 <= self.min_p <= 1:
             raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
         if not self.repetition_penalty > 0:
@@ -72,5 +82,5 @@ class SamplingParams:
                 self.stop_strings = [self.stop_strings]
             if not all(isinstance(s, str) and s for s in self.stop_strings):
                 raise bad("stop", "must be a list of non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "must be a list of non-negative integers")
+        if not all(isinstance(t, int) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be a list of integers in [0, 2**63 - 1]")

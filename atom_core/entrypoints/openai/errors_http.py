@@ -1,5 +1,8 @@
 """Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}.
 
+``code`` is a string or null, as OpenAI's is: its code for the errors it has one for (a
+wrong key, an unknown model, a full server), null for the rest (as for most of its 400s).
+
 AtomError subclasses map to their status through errors.http_status; request validation
 (bad JSON, wrong types, out-of-range values) is a 400 naming the offending field in
 ``param``; an unexpected exception is a 500 in the same shape, logged with its traceback -
@@ -20,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atom_core.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 from atom_core.entrypoints.openai.sse import json_response
-from atom_core.errors import AtomError, http_status
+from atom_core.errors import AtomError, AuthenticationError, ModelNotFoundError, http_status
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +39,26 @@ ERROR_TYPES: dict[int, str] = {
     503: "service_unavailable",
 }
 
+# OpenAI's codes, by error class, then by status (every 429 here is a server too busy).
+ERROR_CODES: dict[type[AtomError], str] = {
+    AuthenticationError: "invalid_api_key",
+    ModelNotFoundError: "model_not_found",
+}
+STATUS_CODES: dict[int, str] = {429: "rate_limit_exceeded"}
 
-def error_body(message: str, status: int, param: str | None = None) -> ErrorResponse:
+
+def error_body(
+    message: str, status: int, param: str | None = None, code: str | None = None
+) -> ErrorResponse:
     error_type = ERROR_TYPES.get(
         status, "invalid_request_error" if status < 500 else "server_error"
     )
-    return ErrorResponse(
-        error=ErrorInfo(message=message, type=error_type, param=param, code=status)
-    )
+    code = code or STATUS_CODES.get(status)
+    return ErrorResponse(error=ErrorInfo(message=message, type=error_type, param=param, code=code))
+
+
+def error_code(exc: BaseException) -> str | None:
+    return next((code for cls, code in ERROR_CODES.items() if isinstance(exc, cls)), None)
 
 
 def exception_body(exc: BaseException, status: int | None = None) -> tuple[int, ErrorResponse]:
@@ -53,7 +68,7 @@ def exception_body(exc: BaseException, status: int | None = None) -> tuple[int, 
         message = str(exc) or type(exc).__name__
     else:
         message = f"internal server error ({type(exc).__name__})"  # internals stay in the log
-    return status, error_body(message, status, getattr(exc, "param", None))
+    return status, error_body(message, status, getattr(exc, "param", None), error_code(exc))
 
 
 def error_response(exc: BaseException, status: int | None = None) -> Response:

@@ -1,9 +1,14 @@
 """The OpenAI wire format: request models and response shapes.
 
 Requests are pydantic models, so FastAPI validates them and a bad field comes back as a
-400 naming it (errors_http.py). They tolerate fields this server does not know - OpenAI
-clients add new ones every release - and ignore them (kept in ``model_extra``, unread),
-except the known ones that would constrain what is generated, which are refused
+400 naming it (errors_http.py). What would fail deeper in the server is refused there too
+(validation.py: integers past int64, lone surrogates in text, tool parameters that are not
+a JSON schema), and what OpenAI requires is required: a message's content (but on an
+assistant turn that calls tools), a past tool call's id, type, name and JSON-text
+arguments. The ranges SamplingParams holds are stated as field bounds, so that the OpenAPI
+document shows them. Requests tolerate fields this server does not know - OpenAI clients
+add new ones every release - and ignore them (kept in ``model_extra``, unread), except
+the known ones that would constrain what is generated, which are refused
 (``UNSUPPORTED``).
 An explicit ``null`` means "not given" and takes the default, except ``max_tokens``,
 where it means "as many as fit in the context" (what vLLM does with it).
@@ -17,11 +22,27 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    field_validator,
+    model_validator,
+)
 
+from atom_core.entrypoints.openai.validation import (
+    INT64_MAX,
+    Int64,
+    NonEmptyStr,
+    TokenId,
+    check_unicode,
+    field_error,
+    json_schema_problem,
+)
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
 
@@ -50,23 +71,74 @@ class StreamOptions(OpenAIRequest):
     include_usage: bool = False
 
 
-class ChatMessage(BaseModel):
-    """One turn. Content parts are flattened to text here ("\\n"-joined, as vLLM does for
-    string-content templates); extra keys (reasoning_content, ...) reach the template."""
+class CalledFunction(BaseModel):
+    """The function of a past tool call: OpenAI sends its arguments as JSON text."""
 
     model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class AssistantToolCall(BaseModel):
+    """A past tool call on an assistant turn, in OpenAI's required shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class TextPart(BaseModel):
+    """A content part; text is the only kind this server reads."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+# The content rule below, for the document: content, or an assistant turn's tool calls.
+_CONTENT_RULE: dict[str, Any] = {
+    "anyOf": [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        {
+            "required": ["role", "tool_calls"],
+            "properties": {
+                "role": {"const": "assistant"},
+                "tool_calls": {"type": "array", "minItems": 1},
+            },
+        },
+    ]
+}
+
+
+class ChatMessage(BaseModel):
+    """One turn. Content parts are flattened to text here ("\\n"-joined, as vLLM does for
+    string-content templates); extra keys (reasoning_content, ...) reach the template.
+    Content is required, as OpenAI requires it, except on an assistant turn that calls
+    tools."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra=_CONTENT_RULE)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: str | None = None
 
-    @field_validator("content", mode="before")
+    @field_validator(
+        "content",
+        mode="before",
+        json_schema_input_type=str | Annotated[list[TextPart], Field(min_length=1)] | None,
+    )
     @classmethod
     def _flatten_parts(cls, v: Any) -> Any:
         if not isinstance(v, list):
             return v
+        if not v:
+            raise ValueError("content parts must not be an empty list")
         texts = []
         for part in v:
             if not isinstance(part, dict) or not isinstance(part.get("text"), str):
@@ -75,6 +147,54 @@ class ChatMessage(BaseModel):
                 raise ValueError(f"content part type {part['type']!r} is not supported (text only)")
             texts.append(part["text"])
         return "\n".join(texts)
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            need = "content or tool_calls" if self.role == "assistant" else "content"
+            raise field_error(
+                type(self).__name__, ("content",), f"a message of role {self.role!r} needs {need}",
+                None,
+            )
+        return self
+
+
+class FunctionDefinition(BaseModel):
+    """A tool's function. ``parameters`` must be a JSON schema (OpenAI checks it too)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _json_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = None if v is None else json_schema_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
+class ChatTool(BaseModel):
+    """One entry of ``tools``, in OpenAI's shape."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+def _checked_tool(value: Any) -> dict[str, Any]:
+    ChatTool.model_validate(value)  # its errors are located inside the tool
+    return value
+
+
+# A tool stays the client's dict, every key as sent: the chat template and the tool parser
+# read dicts. It is validated, and documented, as a ChatTool.
+ToolDict = Annotated[dict[str, Any], PlainValidator(_checked_tool, json_schema_input_type=ChatTool)]
 
 
 def _always(value: Any) -> bool:
@@ -104,6 +224,7 @@ UNSUPPORTED: dict[str, Any] = {
     "guided_grammar": _always,
     "structured_outputs": _always,
     "logits_processors": bool,
+    "min_tokens": bool,  # vLLM's: no EOS or stop before that many tokens
     # Output in other modalities (OpenAI's audio replies).
     "modalities": _asks_for_more_than_text,
     "audio": _always,
@@ -122,25 +243,33 @@ class _SamplingRequest(OpenAIRequest):
     unsupported_fields: ClassVar[dict[str, Any]] = UNSUPPORTED
 
     model: str | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1, le=2**31 - 1)  # -1 (or 0) = off; bounded: it becomes a tensor
-    min_p: float = 0.0
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    stop: list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    min_p: float = Field(0.0, ge=0, le=1)
+    stop: list[NonEmptyStr] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # torch.Generator's range
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)
+    # int64, as OpenAI and vLLM take it; choice j's seed + j stays in torch.Generator's
+    # range, which goes up to 2**64 - 1 (serving_engine.choice_params).
+    seed: Int64 | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
-    @field_validator("stop", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        return check_unicode(cls.__name__, data)
+
+    @field_validator(
+        "stop", mode="before", json_schema_input_type=NonEmptyStr | list[NonEmptyStr] | None
+    )
     @classmethod
     def _stop_list(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -188,37 +317,41 @@ def _check_max_tokens(value: int, param: str, least: int = 1) -> None:
         raise InvalidRequestError(f"{param} must be at least {least}, got {value}", param=param)
 
 
+class ThinkingSwitch(BaseModel):
+    """``{"type": "enabled" | "disabled"}``; other keys (budget_tokens) are accepted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["enabled", "disabled"]
+
+
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions. ``prompt`` is accepted as an alias of ``messages``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = DEFAULT_MAX_TOKENS
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
-    tools: list[dict[str, Any]] | None = None  # passed to the chat template
-    tool_choice: str | dict[str, Any] | None = None  # the reader's ToolPolicy; "none" without tools
+    # OpenAI's newer name; wins over max_tokens
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    tools: list[ToolDict] | None = None  # passed to the chat template
+    # The reader's ToolPolicy ("none" without tools); an object names a function.
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool = True  # False: at most one call dispatched (ToolPolicy.parallel)
     chat_template_kwargs: dict[str, Any] | None = None
     # The thinking switch in the spellings clients send: Qwen/DashScope's top-level
     # enable_thinking, and {"type": "enabled" | "disabled"} (Anthropic, DeepSeek, Kimi).
     # Answered in the prompt through the template's own switch (serving_chat).
     enable_thinking: bool | None = None
-    thinking: bool | dict[str, Any] | None = None
-
-    @field_validator("thinking", mode="before")
-    @classmethod
-    def _thinking_shape(cls, v: Any) -> Any:
-        if isinstance(v, dict) and v.get("type") not in ("enabled", "disabled"):
-            raise ValueError('thinking must be {"type": "enabled"} or {"type": "disabled"}')
-        return v
+    thinking: bool | ThinkingSwitch | None = None
 
     @property
     def thinking_requested(self) -> bool | None:
         """True/False when the client switched thinking on/off, None to leave the model's
         default alone. {"type": "disabled"} is a non-empty object, so it is read, not tested
         for truth."""
-        if isinstance(self.thinking, dict):
-            return self.thinking["type"] == "enabled"
+        if isinstance(self.thinking, ThinkingSwitch):
+            return self.thinking.type == "enabled"
         if self.thinking is not None:
             return self.thinking
         return self.enable_thinking
@@ -250,7 +383,14 @@ class ChatCompletionRequest(_SamplingRequest):
         return self._params(max_tokens, logprobs=logprobs)
 
 
-Prompt = str | list[int]  # one completions prompt: text or token ids
+Prompt = str | list[Int64]  # one completions prompt: text or token ids
+# What a client may send as ``prompt``, for the document: one prompt or a batch.
+_PROMPT_INPUT = (
+    str
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+)
 
 
 class CompletionRequest(_SamplingRequest):
@@ -261,12 +401,13 @@ class CompletionRequest(_SamplingRequest):
     unsupported_fields: ClassVar[dict[str, Any]] = UNSUPPORTED_COMPLETIONS
 
     prompt: list[Prompt]
+    max_tokens: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = DEFAULT_MAX_TOKENS  # 0: echo
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_special_tokens: bool = True  # vLLM's extension: BOS etc. on text prompts
-    best_of: int | None = None  # only best_of == n (one candidate per returned choice)
+    best_of: Int64 | None = None  # only best_of == n (one candidate per returned choice)
 
-    @field_validator("prompt", mode="before")
+    @field_validator("prompt", mode="before", json_schema_input_type=_PROMPT_INPUT)
     @classmethod
     def _prompt_batch(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -305,7 +446,11 @@ class CompletionRequest(_SamplingRequest):
 
 
 def _is_token_id(t: Any) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
+    """An integer, or a float with an integral value: JSON Schema's integer, and what
+    pydantic takes for every other integer field (1.0, not 1.5)."""
+    if isinstance(t, bool):
+        return False
+    return isinstance(t, int) or (isinstance(t, float) and t.is_integer())
 
 
 # --------------------------------------------------------------------------- responses
@@ -475,7 +620,7 @@ class ErrorInfo(msgspec.Struct, kw_only=True):
     message: str
     type: str
     param: str | None = None
-    code: int | str | None = None
+    code: str | None = None  # OpenAI's: a string where it has one for the error, else null
 
 
 class ErrorResponse(msgspec.Struct, kw_only=True):

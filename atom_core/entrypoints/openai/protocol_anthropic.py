@@ -2,7 +2,10 @@
 and stream events.
 
 Requests are pydantic models like the OpenAI ones (unknown fields - ``cache_control``,
-``citations``, ``container``... - are accepted and ignored). Responses and events are
+``citations``, ``container``... - are accepted and ignored), with the same checks
+(validation.py): integers within int64, and a tool's ``input_schema`` required and a JSON
+schema of an object, as Anthropic requires. Lone surrogates need no check here: the body
+is parsed by pydantic's JSON parser, which refuses them. Responses and events are
 msgspec Structs tagged with their ``type``, so the tag is always written and always right;
 sse.py's one encoder writes them. A tool_use block's ``input`` is the reader's JSON text
 passed through as ``msgspec.Raw``, so it reaches the client byte for byte as parsed.
@@ -14,7 +17,9 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from atom_core.entrypoints.openai.validation import INT64_MAX, NonEmptyStr, json_schema_problem
 
 # ---------------------------------------------------------------------------- requests
 
@@ -59,24 +64,56 @@ class RedactedThinkingBlock(_Model):
     data: str = ""
 
 
-ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
-    Field(discriminator="type"),
+# What each role's turn may carry, as Anthropic allows it.
+UserBlock = Annotated[TextBlock | ToolResultBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[
+    TextBlock | ToolUseBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
 ]
 
 
-class InputMessage(_Model):
-    role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+class UserMessage(_Model):
+    role: Literal["user"]
+    content: str | list[UserBlock]
+
+
+class AssistantMessage(_Model):
+    role: Literal["assistant"]
+    content: str | list[AssistantBlock]
+
+
+InputMessage = Annotated[UserMessage | AssistantMessage, Field(discriminator="role")]
 
 
 class ToolDefinition(_Model):
     name: str = Field(min_length=1)
     description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    input_schema: dict[str, Any] = Field(
+        json_schema_extra={"properties": {"type": {"const": "object"}}, "required": ["type"]}
+    )
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        problem = json_schema_problem(v)
+        if problem:
+            raise ValueError(problem)
+        if v.get("type") != "object":
+            raise ValueError('input_schema must describe an object: {"type": "object", ...}')
+        return v
+
+
+# The rule _named checks, for the document.
+_NAMED_RULE: dict[str, Any] = {
+    "anyOf": [
+        {"properties": {"type": {"enum": ["auto", "any", "none"]}}},
+        {"required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}}},
+    ]
+}
 
 
 class ToolChoice(_Model):
+    model_config = ConfigDict(json_schema_extra=_NAMED_RULE)
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -90,17 +127,17 @@ class ToolChoice(_Model):
 
 class ThinkingConfig(_Model):
     type: Literal["enabled", "disabled"]
-    budget_tokens: int | None = Field(None, ge=1)  # accepted; the switch is on/off
+    budget_tokens: int | None = Field(None, ge=1, le=INT64_MAX)  # accepted; the switch is on/off
 
 
 class MessagesRequest(_Model):
     """POST /v1/messages. ``max_tokens`` is required, as in Anthropic's API."""
 
     model: str
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1, le=INT64_MAX)
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[NonEmptyStr] | None = None
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, le=2**31 - 1)

@@ -47,7 +47,6 @@ from atom_core.entrypoints.openai.protocol_anthropic import (
     MessageStart,
     MessageStop,
     OutputUsage,
-    RedactedThinkingBlock,
     StopInfo,
     StreamEvent,
     TextBlock,
@@ -83,7 +82,7 @@ from atom_core.entrypoints.openai.tool_parser.events import (
     ToolCallStart,
 )
 from atom_core.entrypoints.openai.tool_parser.response import ResponseReader
-from atom_core.errors import AtomError, EngineDeadError, InvalidRequestError
+from atom_core.errors import AtomError, EngineDeadError
 from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -120,17 +119,18 @@ def chat_messages(request: MessagesRequest) -> list[dict[str, Any]]:
     if system:
         out.append({"role": "system", "content": system})
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool turns that answer it
-    for i, message in enumerate(request.messages):
+    for message in request.messages:
+        # Which blocks each role may carry is checked by the request model.
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
         elif message.role == "user":
-            out.extend(_user_turns(message.content, names, i))
+            out.extend(_user_turns(message.content, names))
         else:
-            out.append(_assistant_turn(message.content, names, i))
+            out.append(_assistant_turn(message.content, names))
     return out
 
 
-def _user_turns(blocks: list[Any], names: dict[str, str], i: int) -> list[dict[str, Any]]:
+def _user_turns(blocks: list[Any], names: dict[str, str]) -> list[dict[str, Any]]:
     turns: list[dict[str, Any]] = []
     texts: list[str] = []
     for block in blocks:
@@ -139,18 +139,14 @@ def _user_turns(blocks: list[Any], names: dict[str, str], i: int) -> list[dict[s
             if block.tool_use_id in names:
                 turn["name"] = names[block.tool_use_id]
             turns.append(turn)
-        elif isinstance(block, TextBlock):
-            texts.append(block.text)
         else:
-            raise InvalidRequestError(
-                f"a user message cannot carry a {block.type} block", param=f"messages[{i}].content"
-            )
+            texts.append(block.text)
     if texts:
         turns.append({"role": "user", "content": "\n".join(texts)})
     return turns
 
 
-def _assistant_turn(blocks: list[Any], names: dict[str, str], i: int) -> dict[str, Any]:
+def _assistant_turn(blocks: list[Any], names: dict[str, str]) -> dict[str, Any]:
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -164,11 +160,7 @@ def _assistant_turn(blocks: list[Any], names: dict[str, str], i: int) -> dict[st
             # Arguments as an object: templates that write them with tojson need one.
             function = {"name": block.name, "arguments": block.input}
             calls.append({"id": block.id, "type": "function", "function": function})
-        elif not isinstance(block, RedactedThinkingBlock):  # nothing readable to replay
-            raise InvalidRequestError(
-                f"an assistant message cannot carry a {block.type} block",
-                param=f"messages[{i}].content",
-            )
+        # A redacted_thinking block has nothing readable to replay.
     turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         turn["reasoning_content"] = "".join(reasoning)

@@ -118,14 +118,19 @@ def chat_stream_text(events: list[Any]) -> dict[int, str]:
 
 
 def assert_error(
-    response: httpx.Response, status: int, param: str | None = ..., type_: str | None = None
+    response: httpx.Response,
+    status: int,
+    param: str | None = ...,
+    type_: str | None = None,
+    code: str | None = None,
 ):
+    """OpenAI's error shape; ``code`` is OpenAI's string code, null for most errors."""
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    assert body["error"]["code"] == status
+    assert body["error"]["code"] == code
     if param is not ...:
         assert body["error"]["param"] == param
     if type_ is not None:

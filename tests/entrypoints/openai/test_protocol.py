@@ -104,9 +104,9 @@ def test_max_completion_tokens_wins_over_max_tokens():
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_max_tokens_below_one_names_the_field(field):
-    with pytest.raises(InvalidRequestError) as info:
-        chat(**{field: 0}).to_sampling_params(100)
-    assert info.value.param == field
+    with pytest.raises(ValidationError) as info:
+        chat(**{field: 0})
+    assert info.value.errors()[0]["loc"][0] == field
 
 
 def test_chat_sampling_fields_map_to_sampling_params():
@@ -145,19 +145,23 @@ def test_top_logprobs_needs_logprobs():
         {"stream": "maybe"},
         {"max_tokens": 1.5},
         {"chat_template_kwargs": "x"},
+        # SamplingParams' ranges, stated in the model so that the document shows them
+        {"temperature": -1},
+        {"top_p": 0},
+        {"min_p": 1.5},
+        {"presence_penalty": 3},
+        {"frequency_penalty": -3},
+        {"repetition_penalty": 0},
+        {"stop": [""]},
+        {"stop": ""},
+        {"stop_token_ids": [-1]},
+        {"tool_choice": "sometimes"},
+        {"thinking": {"type": "maybe"}},
     ],
 )
 def test_bad_values_are_refused_at_validation(kw):
     with pytest.raises(ValidationError):
         chat(**kw)
-
-
-@pytest.mark.parametrize(
-    "kw", [{"temperature": -1}, {"top_p": 0}, {"presence_penalty": 3}, {"stop": [""]}]
-)
-def test_out_of_range_values_are_refused_by_sampling_params(kw):
-    with pytest.raises(InvalidRequestError):
-        chat(**kw).to_sampling_params(100)
 
 
 def test_tools_and_tool_choice_are_stored():
@@ -256,3 +260,124 @@ def test_sse_frames():
         "error": {"message": "m", "type": "t", "param": None, "code": None}
     }
     assert encode_json(float("nan")) == b"null"
+
+
+# ------------------------------------------------------- what OpenAI and Anthropic refuse
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def error_loc(exc: ValidationError) -> tuple:
+    return exc.errors()[0]["loc"]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user"},
+        {"role": "user", "content": None},
+        {"role": "system", "content": None},
+        {"role": "tool", "tool_call_id": "c1"},
+        {"role": "assistant"},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "user", "content": []},
+    ],
+)
+def test_content_is_required_but_on_an_assistant_turn_that_calls_tools(message):
+    with pytest.raises(ValidationError) as info:
+        chat(messages=[message])
+    assert error_loc(info.value) == ("messages", 0, "content")
+
+
+def test_an_assistant_turn_that_calls_tools_needs_no_content():
+    r = chat(messages=[*USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}])
+    assert r.messages[1].model_dump(exclude_none=True)["tool_calls"] == [CALL]
+
+
+@pytest.mark.parametrize(
+    ("call", "loc"),
+    [
+        ({"id": "c1", "type": "function"}, ("function",)),
+        ({**CALL, "function": {"arguments": "{}"}}, ("function", "name")),
+        ({**CALL, "function": {"name": "f", "arguments": {"a": 1}}}, ("function", "arguments")),
+        ({**CALL, "function": {"name": "f"}}, ("function", "arguments")),
+        ({"type": "function", "function": CALL["function"]}, ("id",)),
+        ({"id": "c1", "function": CALL["function"]}, ("type",)),
+    ],
+)
+def test_past_tool_calls_have_openais_shape(call, loc):
+    with pytest.raises(ValidationError) as info:
+        chat(messages=[*USER, {"role": "assistant", "tool_calls": [call]}])
+    assert error_loc(info.value) == ("messages", 1, "tool_calls", 0, *loc)
+
+
+@pytest.mark.parametrize(
+    ("tool", "loc"),
+    [
+        ({"type": "function", "function": {"name": "f", "parameters": "x"}},
+         ("function", "parameters")),
+        ({"type": "function", "function": {"name": "f", "parameters": {"type": "banana"}}},
+         ("function", "parameters")),
+        ({"type": "function", "function": {"parameters": {}}}, ("function", "name")),
+        ({"type": "function"}, ("function",)),
+        ({"function": {"name": "f"}}, ("type",)),
+    ],
+)  # fmt: skip
+def test_tools_are_openai_function_tools_with_json_schema_parameters(tool, loc):
+    with pytest.raises(ValidationError) as info:
+        chat(tools=[tool])
+    assert error_loc(info.value) == ("tools", 0, *loc)
+
+
+def test_a_tool_stays_the_clients_dict():
+    tool = {"type": "function", "function": {"name": "f", "x-extra": 1}, "cache": True}
+    assert chat(tools=[tool]).tools == [tool]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"max_tokens": 2**63},
+        {"max_completion_tokens": 2**64},
+        {"seed": 2**63},
+        {"seed": -(2**63) - 1},
+        {"stop_token_ids": [2**63]},
+    ],
+)
+def test_integers_past_int64_are_refused(kw):
+    with pytest.raises(ValidationError):
+        chat(**kw)
+
+
+def test_int64_edges_reach_sampling_params():
+    p = chat(max_tokens=2**63 - 1, seed=-(2**63), stop_token_ids=[2**63 - 1]).to_sampling_params(1)
+    assert (p.max_tokens, p.seed, p.stop_token_ids) == (2**63 - 1, -(2**63), [2**63 - 1])
+
+
+def test_lone_surrogates_are_refused_where_they_are():
+    with pytest.raises(ValidationError) as info:
+        chat(messages=[{"role": "user", "content": "ok"}, {"role": "user", "content": "a\ud800"}])
+    assert error_loc(info.value) == ("messages", 1, "content")
+    with pytest.raises(ValidationError) as info:
+        completion(prompt=["ok", "\udc00"])
+    assert error_loc(info.value) == ("prompt", 1)
+
+
+def test_min_tokens_is_refused_unless_zero():
+    assert chat(min_tokens=0).to_sampling_params(10).max_tokens
+    with pytest.raises(InvalidRequestError) as info:
+        chat(min_tokens=3).to_sampling_params(10)
+    assert info.value.param == "min_tokens"
+
+
+def test_thinking_switch_spellings():
+    assert chat(thinking={"type": "enabled", "budget_tokens": 9}).thinking_requested is True
+    assert chat(thinking={"type": "disabled"}).thinking_requested is False
+    assert chat(thinking=False, enable_thinking=True).thinking_requested is False
+    assert chat(enable_thinking=True).thinking_requested is True
+
+
+def test_integral_floats_are_token_ids_as_pydantic_takes_them_elsewhere():
+    assert completion(prompt=[104.0, 105]).prompt == [[104, 105]]
+    with pytest.raises(ValidationError):
+        completion(prompt=[104.5])

@@ -222,7 +222,7 @@ BAD_CHAT = [
     ({"messages": USER, "n": 0}, 400, "n"),
     ({"messages": USER, "top_p": 0}, 400, "top_p"),
     ({"messages": USER, "temperature": -1}, 400, "temperature"),
-    ({"messages": USER, "stop": [""]}, 400, "stop"),
+    ({"messages": USER, "stop": [""]}, 400, "stop[0]"),
     ({"messages": USER, "stop": 3}, 400, "stop"),
     ({"messages": USER, "top_logprobs": 3}, 400, "top_logprobs"),
     ({"messages": USER, "tool_choice": 3}, 400, "tool_choice"),
@@ -244,7 +244,8 @@ BAD_CHAT = [
 @pytest.mark.parametrize(("body", "status", "param"), BAD_CHAT)
 def test_bad_chat_requests_get_their_status_and_the_openai_shape(body, status, param):
     engine = FakeEngineClient()
-    err = assert_error(post(engine, "/v1/chat/completions", body), status, param)
+    code = "model_not_found" if status == 404 else None
+    err = assert_error(post(engine, "/v1/chat/completions", body), status, param, code=code)
     assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert engine.calls == []
 
@@ -266,7 +267,9 @@ def test_prompt_too_long_names_the_context_length():
 
 def test_unknown_model_message():
     err = assert_error(
-        post(FakeEngineClient(), "/v1/chat/completions", {"model": "gpt-4", "messages": USER}), 404
+        post(FakeEngineClient(), "/v1/chat/completions", {"model": "gpt-4", "messages": USER}),
+        404,
+        code="model_not_found",
     )
     assert "gpt-4" in err["message"]
 
@@ -291,7 +294,7 @@ def test_engine_error_delta_is_503_or_an_error_frame():
     )
     assert events[-1] == "[DONE]"
     assert (
-        events[-2]["error"]["type"] == "service_unavailable" and events[-2]["error"]["code"] == 503
+        events[-2]["error"]["type"] == "service_unavailable" and events[-2]["error"]["code"] is None
     )
     assert "engine died" in events[-2]["error"]["message"]
 
@@ -301,7 +304,7 @@ def test_an_engine_refusal_keeps_its_status():
     assert_error(post(engine, "/v1/chat/completions", {"messages": USER}), 400)
     engine = FakeEngineClient(raises=InvalidRequestError("request needs too much KV cache"))
     events = sse_events(post(engine, "/v1/chat/completions", {"messages": USER, "stream": True}))
-    assert events[-2]["error"]["code"] == 400 and events[-1] == "[DONE]"
+    assert events[-2]["error"]["type"] == "invalid_request_error" and events[-1] == "[DONE]"
 
 
 def test_a_generate_that_raises_before_iterating_fails_every_choice_count():
@@ -322,7 +325,9 @@ def test_an_unexpected_exception_is_a_500_in_the_same_shape_without_internals():
     assert "secret" not in err["message"]
     engine = FakeEngineClient(raises=RuntimeError("secret internal detail"))
     events = sse_events(post(engine, "/v1/chat/completions", {"messages": USER, "stream": True}))
-    assert events[-2]["error"]["code"] == 500 and "secret" not in events[-2]["error"]["message"]
+    error = events[-2]["error"]
+    assert error["type"] == "internal_server_error" and error["code"] is None
+    assert "secret" not in error["message"]
 
 
 def test_unknown_route_is_openai_shaped():

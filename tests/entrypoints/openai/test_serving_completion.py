@@ -158,5 +158,8 @@ def test_best_of_equal_to_n_and_an_empty_suffix_are_accepted():
 
 def test_completion_unknown_model_is_404():
     assert_error(
-        post(FakeEngineClient(), "/v1/completions", {"model": "x", "prompt": "hi"}), 404, "model"
+        post(FakeEngineClient(), "/v1/completions", {"model": "x", "prompt": "hi"}),
+        404,
+        "model",
+        code="model_not_found",
     )

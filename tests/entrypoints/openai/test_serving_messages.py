@@ -247,6 +247,16 @@ def test_blocks_of_past_turns_reach_the_template(qwen3):
             {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}, 400, "invalid_request_error"),
         ({**BODY, "max_tokens": 0}, 400, "invalid_request_error"),
         ({**BODY, "messages": []}, 400, "invalid_request_error"),
+        ({**BODY, "max_tokens": 2**63}, 400, "invalid_request_error"),
+        ({**BODY, "tools": [{"name": "f"}]}, 400, "invalid_request_error"),  # no input_schema
+        ({**BODY, "tools": [{"name": "f", "input_schema": {"type": "string"}}]}, 400,
+         "invalid_request_error"),
+        ({**BODY, "tools": [{"name": "f", "input_schema": {"type": "object", "required": 1}}]}, 400,
+         "invalid_request_error"),
+        ({**BODY, "messages": [{"role": "user", "content": [
+            {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, 400, "invalid_request_error"),
+        (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "\\ud800"}]}', 400,
+         "invalid_request_error"),
     ],
 )
 def test_errors_are_anthropic_shaped(qwen3, body, status, kind):
