@@ -32,6 +32,7 @@ from atom_core.entrypoints.metrics import ServerMetrics
 from atom_core.entrypoints.openai.engine_client import EngineClient
 from atom_core.entrypoints.openai.errors_http import error_response, install_error_handlers
 from atom_core.entrypoints.openai.json_body import JSONBodyRoute
+from atom_core.entrypoints.openai.openapi import install_openapi
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from atom_core.entrypoints.openai.serving_chat import (
     OpenAIServingChat,
@@ -100,6 +101,7 @@ def build_app(
     app = AtomApp(title="ATOM", version=__version__, lifespan=lifespan)
     install_error_handlers(app)
     app.router.route_class = JSONBodyRoute  # bodies parsed in ms, not 100 ms of the loop
+    install_openapi(app)
     # add_middleware puts each one outside the ones before it.
     app.add_middleware(GenerationGuard, limits=limits, queue=queue)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_bytes)
