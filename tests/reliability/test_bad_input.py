@@ -213,9 +213,17 @@ def post(http: httpx.Client, path: str, change: dict[str, Any]) -> httpx.Respons
     return http.post(path, content=body, headers={"content-type": "application/json"})
 
 
+# What OpenAI's validation answers in ``code``; null for a refusal it has no code for.
+VALIDATION_CODES = {
+    None, "missing_required_parameter", "invalid_type", "invalid_value", "empty_array",
+    "integer_below_min_value", "integer_above_max_value",
+    "decimal_below_min_value", "decimal_above_max_value",
+}  # fmt: skip
+
+
 def assert_400(response: httpx.Response, path: str, param: str | None) -> None:
-    """A 400 in the API's error shape: OpenAI's with ``param`` and a null ``code`` (what
-    OpenAI sends for these), or Anthropic's on /v1/messages."""
+    """A 400 in the API's error shape: OpenAI's with ``param`` and one of its validation
+    codes or null, or Anthropic's on /v1/messages."""
     assert response.status_code == 400, response.text
     body = response.json()
     if path == MESSAGES:
@@ -228,7 +236,7 @@ def assert_400(response: httpx.Response, path: str, param: str | None) -> None:
     assert set(error) == {"message", "type", "param", "code"}
     assert isinstance(error["message"], str) and error["message"]
     assert error["type"] == "invalid_request_error"
-    assert error["code"] is None
+    assert error["code"] in VALIDATION_CODES
     assert error["param"] == param, error["message"]
 
 
@@ -283,11 +291,21 @@ def test_the_edges_are_still_served(http, path, change):
 
 def test_the_error_code_is_openais(server, http):
     """A string where OpenAI has a code for the error, null elsewhere."""
-    codes = {}
-    codes[400] = post(http, CHAT, {"n": 0}).json()["error"]["code"]
-    codes[404] = post(http, CHAT, {"model": "gpt-4"}).json()["error"]["code"]
+
+    def code(path: str, change: dict[str, Any]) -> str | None:
+        return post(http, path, change).json()["error"]["code"]
+
+    codes: dict[Any, str | None] = {
+        "n 0": code(CHAT, {"n": 0}),
+        "max_tokens 2**63": code(COMPLETIONS, {"max_tokens": 2**63}),
+        "no content": code(CHAT, {"messages": [{"role": "user"}]}),
+        404: code(CHAT, {"model": "gpt-4"}),
+    }
     wrong_key = {"Authorization": f"Bearer not-{API_KEY}"}
     unauthorised = httpx.post(f"{server.base_url}{CHAT}", json=BASE[CHAT], headers=wrong_key)
     assert unauthorised.status_code == 401
     codes[401] = unauthorised.json()["error"]["code"]
-    assert codes == {400: None, 404: "model_not_found", 401: "invalid_api_key"}
+    assert codes == {
+        "n 0": "integer_below_min_value", "max_tokens 2**63": "integer_above_max_value",
+        "no content": None, 404: "model_not_found", 401: "invalid_api_key",
+    }  # fmt: skip

@@ -1,7 +1,9 @@
 """Every error leaves the server in OpenAI's shape: {"error": {message, type, param, code}}.
 
 ``code`` is a string or null, as OpenAI's is: its code for the errors it has one for (a
-wrong key, an unknown model, a full server), null for the rest (as for most of its 400s).
+wrong key, an unknown model, a full server, and its validation's: a missing parameter, a
+wrong type, a value out of range or not among the allowed ones, an empty array), null
+for the rest.
 
 AtomError subclasses map to their status through errors.http_status; request validation
 (bad JSON, wrong types, out-of-range values) is a 400 naming the offending field in
@@ -45,6 +47,21 @@ ERROR_CODES: dict[type[AtomError], str] = {
     ModelNotFoundError: "model_not_found",
 }
 STATUS_CODES: dict[int, str] = {429: "rate_limit_exceeded"}
+# By pydantic's error type; a bound's own type tells an integer field from a decimal one.
+VALIDATION_CODES: dict[str, str] = {
+    "missing": "missing_required_parameter",
+    "union_tag_not_found": "missing_required_parameter",
+    "literal_error": "invalid_value",
+    "enum": "invalid_value",
+    "union_tag_invalid": "invalid_value",
+    "int_from_float": "invalid_type",
+}
+BOUND_CODES: dict[str, str] = {
+    "greater_than": "below_min_value",
+    "greater_than_equal": "below_min_value",
+    "less_than": "above_max_value",
+    "less_than_equal": "above_max_value",
+}
 
 
 def error_body(
@@ -99,6 +116,19 @@ def _is_type_tag(part: str) -> bool:
     return "[" in part or part in {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
+def validation_code(error: dict[str, Any]) -> str | None:
+    """OpenAI's code for a pydantic validation error, or None."""
+    kind = str(error.get("type", ""))
+    if kind in BOUND_CODES:
+        bound = next(iter((error.get("ctx") or {}).values()), None)
+        return ("decimal_" if isinstance(bound, float) else "integer_") + BOUND_CODES[kind]
+    if kind == "too_short" and isinstance(error.get("input"), list):
+        return "empty_array"
+    if kind.endswith(("_type", "_parsing")):
+        return "invalid_type"
+    return VALIDATION_CODES.get(kind)
+
+
 def validation_body(errors: Sequence[dict[str, Any]]) -> ErrorResponse:
     if not errors:
         return error_body("invalid request", 400)
@@ -111,7 +141,8 @@ def validation_body(errors: Sequence[dict[str, Any]]) -> ErrorResponse:
         path = field_path(err.get("loc", ()))
         msg = str(err.get("msg")).removeprefix("Value error, ")  # our validators' own words
         messages.append(f"{path}: {msg}" if path else msg)
-    return error_body("; ".join(messages), 400, field_path(first.get("loc", ())))
+    param = field_path(first.get("loc", ()))
+    return error_body("; ".join(messages), 400, param, validation_code(first))
 
 
 async def _on_atom_error(request: Request, exc: Exception) -> Response:

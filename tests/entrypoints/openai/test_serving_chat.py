@@ -241,10 +241,30 @@ BAD_CHAT = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({}, "missing_required_parameter"),
+        ({"messages": USER, "max_tokens": "many"}, "invalid_type"),
+        ({"messages": USER, "n": 0}, "integer_below_min_value"),
+        ({"messages": USER, "n": 1000}, "integer_above_max_value"),
+        ({"messages": USER, "temperature": -1}, "decimal_below_min_value"),
+        ({"messages": USER, "top_p": 2}, "decimal_above_max_value"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "invalid_value"),
+        ({"messages": []}, "empty_array"),
+        ({"messages": [{"role": "user"}]}, None),  # the server's own rule: OpenAI's has none
+        ({"messages": USER, "logit_bias": {"42": -100}}, None),
+        (b"not json at all", None),
+    ],
+)
+def test_a_validation_error_carries_openais_code(body, code):
+    assert_error(post(FakeEngineClient(), "/v1/chat/completions", body), 400, code=code)
+
+
 @pytest.mark.parametrize(("body", "status", "param"), BAD_CHAT)
 def test_bad_chat_requests_get_their_status_and_the_openai_shape(body, status, param):
     engine = FakeEngineClient()
-    code = "model_not_found" if status == 404 else None
+    code = "model_not_found" if status == 404 else ...
     err = assert_error(post(engine, "/v1/chat/completions", body), status, param, code=code)
     assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert engine.calls == []
