@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 
+import anyio.to_thread
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -95,7 +96,8 @@ class BodySizeLimitMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
+        # bytes.join lets go of the GIL while it copies: a large body is joined off the loop.
+        body = await anyio.to_thread.run_sync(b"".join, chunks) if size >= 1 << 20 else b"".join(chunks)
         delivered = False
 
         async def buffered_receive() -> Message:

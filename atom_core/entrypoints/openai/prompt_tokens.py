@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -39,6 +40,7 @@ _workers = anyio.CapacityLimiter(PROMPT_WORKERS)
 # The most code points NFC folds into one character: an output character comes from at
 # most as many input characters as its canonical decomposition has (ᾂ: α + 3 marks).
 NFC_MAX_FOLD = 4
+_LEADING_SPACE = re.compile(r"\s*")
 # Split behaviours that keep every character ("removed" drops its matches).
 _KEEPING_SPLIT = frozenset({"isolated", "merged_with_previous", "merged_with_next", "contiguous"})
 
@@ -58,6 +60,18 @@ def context_error(max_model_len: int, num_tokens: int, param: str, at_least: boo
         f"prompt has {has} tokens, which leaves no room to generate one.",
         param=param,
     )
+
+
+def trimmed_len(text: str) -> int:
+    """``len(text.strip())`` without copying a long text: only its ends are looked at."""
+    lead = _LEADING_SPACE.match(text).end()
+    k = 64
+    while True:
+        tail = text[max(lead, len(text) - k):]
+        trail = len(tail) - len(tail.rstrip())
+        if trail < len(tail) or lead + len(tail) == len(text):  # the run ends in the window
+            return len(text) - lead - trail
+        k *= 2
 
 
 def byte_chars() -> dict[int, str]:
@@ -82,13 +96,16 @@ class CharBound:
     fold: int = 1
     droppable: tuple[str, ...] = ()
 
-    def at_least(self, text: str, limit: int) -> int | None:
-        """A lower bound on the tokens of ``text`` when it reaches ``limit``, else None.
-        The droppable characters are only counted (a scan of the text) when it might."""
+    def at_least(self, texts: Sequence[str], limit: int, trimmed: bool = False) -> int | None:
+        """A lower bound on the tokens of a text holding all of ``texts`` (``trimmed``:
+        each perhaps without its leading and trailing whitespace) when it reaches
+        ``limit``, else None. The droppable characters are only counted (a scan of each
+        text) when it might."""
         span = self.fold * self.longest
-        if -(-len(text) // span) < limit:
+        chars = sum(map(trimmed_len if trimmed else len, texts))
+        if -(-chars // span) < limit:
             return None
-        kept = len(text) - self.fold * sum(text.count(c) for c in self.droppable)
+        kept = chars - self.fold * sum(t.count(c) for t in texts for c in self.droppable)
         n = -(-kept // span)
         return n if n >= limit else None
 
@@ -159,11 +176,19 @@ class PromptTokenizer:
         )
         self._backend = backend if direct else None
 
-    def encode(self, text: str, add_special_tokens: bool, max_model_len: int, param: str) -> list[int]:
-        """The ids of ``text``; InvalidRequestError when they would fill ``max_model_len``."""
-        at_least = self.bound.at_least(text, max_model_len) if self.bound is not None else None
+    def refuse_beyond(self, texts: Sequence[str], max_model_len: int, param: str,
+                      trimmed: bool = False) -> None:
+        """InvalidRequestError when a prompt holding all of ``texts`` (``trimmed``: perhaps
+        stripped) certainly fills ``max_model_len``, proven from their characters alone."""
+        if self.bound is None:
+            return
+        at_least = self.bound.at_least(texts, max_model_len, trimmed)
         if at_least is not None:
             raise context_error(max_model_len, at_least, param, at_least=True)
+
+    def encode(self, text: str, add_special_tokens: bool, max_model_len: int, param: str) -> list[int]:
+        """The ids of ``text``; InvalidRequestError when they would fill ``max_model_len``."""
+        self.refuse_beyond([text], max_model_len, param)
         if self._backend is None:
             ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
             if len(ids) >= max_model_len:

@@ -322,7 +322,14 @@ class OpenAIServingChat:
     def _render_prompt(
         self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
     ) -> tuple[str, list[int]]:
-        tokenizer = self.engine.tokenizer
+        tokenizer, max_model_len = self.engine.tokenizer, self.engine.max_model_len
+        # The users' own text counts toward the context, as OpenAI counts it: a template
+        # writes every user turn (trimmed at most), so text that alone is beyond the
+        # context is refused before it is rendered. Rendering copies it several times,
+        # holding the GIL (~20 ms a copy of 30 MB on a 2-core VM): the event loop waits.
+        user_text = [m["content"] for m in messages
+                     if m.get("role") == "user" and isinstance(m.get("content"), str)]
+        self.tokens.refuse_beyond(user_text, max_model_len, "messages", trimmed=True)
         try:
             if isinstance(self.encoder, PythonChatEncoder):
                 text = self.encoder.render(messages, tools=tools, **kwargs)
@@ -340,7 +347,7 @@ class OpenAIServingChat:
             ) from exc
         if not isinstance(text, str):
             raise InvalidRequestError("the chat template did not produce text", param="messages")
-        return text, self.tokens.encode(text, False, self.engine.max_model_len, "messages")
+        return text, self.tokens.encode(text, False, max_model_len, "messages")
 
     def _message(self, message: ChatMessage) -> dict[str, Any]:
         out = message.model_dump(exclude_none=True)

@@ -4,6 +4,7 @@ fits), the direct Rust call gives transformers' ids, and work runs off the event
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
 import threading
 import unicodedata
@@ -19,8 +20,11 @@ from atom_core.entrypoints.openai.prompt_tokens import (
     byte_chars,
     char_bound,
     off_loop,
+    trimmed_len,
 )
+from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
 from atom_core.errors import InvalidRequestError
+from tests.entrypoints.openai.fake_engine import FakeEngineClient
 from tests.tiny_models import tiny_model_dir
 from tests.tiny_tokenizer import tiny_tokenizer
 
@@ -69,9 +73,9 @@ def test_the_bound_never_exceeds_the_real_count(which, tokenizer_kinds):
     assert bound is not None and bound.longest >= len("<|endoftext|>")
     for text in SAMPLES + _random_texts(200):
         n = len(tok.encode(text, add_special_tokens=False))
-        at_least = bound.at_least(text, 1)
+        at_least = bound.at_least([text], 1)
         assert at_least is None or at_least <= n, (text, at_least, n)
-        assert bound.at_least(text, n + 1) is None, text  # never refuses what fits
+        assert bound.at_least([text], n + 1) is None, text  # never refuses what fits
 
 
 def test_smollm2_drops_the_control_characters_its_vocabulary_lacks(tokenizer_kinds):
@@ -80,8 +84,8 @@ def test_smollm2_drops_the_control_characters_its_vocabulary_lacks(tokenizer_kin
     assert set(bound.droppable) == {"\x04", "\x06", "\x13", "\x14", "\x16", "\x1d"}
     text = "\x04" * 100_000 + "hi"
     assert len(tok.encode(text, add_special_tokens=False)) < 5
-    assert bound.at_least(text, 5) is None
-    assert bound.at_least("hi" * 100_000, 100) is not None  # what it is for still holds
+    assert bound.at_least([text], 5) is None
+    assert bound.at_least(["hi" * 100_000], 100) is not None  # what it is for still holds
 
 
 def test_byte_chars_is_the_byte_level_alphabet():
@@ -101,7 +105,7 @@ def test_an_nfc_byte_level_bpe_is_bounded_with_the_fold():
     tok = PreTrainedTokenizerFast(tokenizer_object=backend)
     assert char_bound(tok).fold == NFC_MAX_FOLD and char_bound(base).fold == 1
     decomposed = "e\u0301\u0302" * 50 + "\u1100\u1161\u11a8" * 50  # NFC folds these
-    at_least = char_bound(tok).at_least(decomposed, 1)
+    at_least = char_bound(tok).at_least([decomposed], 1)
     assert at_least is not None and len(tok.encode(decomposed)) >= at_least
 
 
@@ -154,3 +158,36 @@ def test_off_loop_runs_on_a_worker_thread():
 
     loop_thread, worker_thread = asyncio.run(main())
     assert loop_thread != worker_thread
+
+
+def test_trimmed_len_is_the_stripped_length_without_copying_the_middle():
+    rng = random.Random(2)
+    cases = ["", " ", "a", " a ", "\u3000x\x1c", "a" * 100 + " " * 1000, " " * 5000, "x" + " " * 200 + "y "]
+    cases += ["".join(rng.choice(" \t\nab\u3000") for _ in range(rng.randint(0, 300))) for _ in range(500)]
+    for text in cases:
+        assert trimmed_len(text) == len(text.strip()), repr(text)
+
+
+def test_user_text_beyond_the_context_is_refused_before_the_template_runs():
+    engine = FakeEngineClient(max_model_len=64)
+    chat = OpenAIServingChat(engine)
+    rendered = []
+    real = engine.tokenizer.apply_chat_template
+    engine.tokenizer = copy.copy(engine.tokenizer)
+    engine.tokenizer.apply_chat_template = lambda *a, **kw: rendered.append(1) or real(*a, **kw)
+    chat.tokens = PromptTokenizer(engine.tokenizer)
+    longest = chat.tokens.bound.longest
+
+    def render(content: str, role: str = "user") -> tuple[str, list[int]]:
+        return chat._render_prompt([{"role": role, "content": content}], None, {"add_generation_prompt": True})
+
+    with pytest.raises(InvalidRequestError, match="at least") as err:
+        render("x" * (longest * 64))
+    assert err.value.param == "messages" and rendered == []
+    # Whitespace a template may trim does not count; other roles' text is rendered first.
+    for content, role in ((" " * (longest * 64) + "hi", "user"), ("x" * (longest * 64), "assistant")):
+        with pytest.raises(InvalidRequestError):
+            render(content, role)
+        assert rendered, role
+        rendered.clear()
+    assert render("hi")[1]  # what fits is rendered and tokenized
