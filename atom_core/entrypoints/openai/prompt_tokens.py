@@ -32,8 +32,8 @@ from atom_core.errors import InvalidRequestError
 
 T = TypeVar("T")
 
-# Prompt rendering and tokenizing at a time; the Rust part runs in parallel, and normal
-# prompts take a millisecond, so a few workers keep up with any arrival rate.
+# How many prompts are rendered and tokenized at a time: the Rust part runs in parallel,
+# and a normal prompt takes a millisecond, so a few workers keep up with any arrival rate.
 PROMPT_WORKERS = min(4, os.cpu_count() or 1)
 _workers = anyio.CapacityLimiter(PROMPT_WORKERS)
 
