@@ -4,8 +4,8 @@ on a stream; the generation aborted) and the queue of requests without a first t
 (429, counted right through disconnects and errors).
 
 The engine runs one sequence at a time (--max-num-seqs 1), so a long request keeps the
-ones behind it waiting for their first token, and n=8 x 240 tokens takes far longer than
-the timeout.
+ones behind it waiting for their first token, and n=8 x 480 tokens (3,840 one-sequence
+steps, over 5 s on a 2-core VM) takes far longer than the timeout.
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ from tests.reliability.engine_gauges import GENERATED, metric, wait_until_idle, 
 pytestmark = pytest.mark.slow
 
 BODY_LIMIT = 65536
-TIMEOUT_S = 3.0
+TIMEOUT_S = 2.0
 MAX_QUEUED = 2
+MAX_TOKENS = 480  # the prompts are shorter than 32 tokens
 LIMIT_FLAGS = (
-    "--max-model-len", "256", "--served-model-name", "tiny", "--max-num-seqs", "1",
+    "--max-model-len", "512", "--served-model-name", "tiny", "--max-num-seqs", "1",
     "--max-request-body-bytes", str(BODY_LIMIT), "--max-prompts-per-request", "4",
     "--max-sequences-per-request", "8", "--request-timeout", str(TIMEOUT_S),
     "--max-queued-requests", str(MAX_QUEUED),
 )
-LONG = {"max_tokens": 240, "ignore_eos": True, "n": 8}  # thousands of one-sequence steps
+LONG = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "n": 8}  # thousands of one-sequence steps
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
-MESSAGES = {"model": "tiny", "max_tokens": 240, "messages": [{"role": "user", "content": "hello"}]}
+MESSAGES = {"model": "tiny", "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": "hello"}]}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def timed_out_and_aborted(srv: ServerProcess, started: float, generated_before: 
     elapsed = time.monotonic() - started
     assert TIMEOUT_S - 0.1 < elapsed < TIMEOUT_S + 2, elapsed
     assert wait_until_idle(srv.base_url, timeout=1.0) <= 1.0  # the generation was aborted
-    assert metric(srv.base_url, GENERATED) - generated_before < 8 * 240
+    assert metric(srv.base_url, GENERATED) - generated_before < 8 * MAX_TOKENS
 
 
 def test_timeout_non_streamed_is_504_and_aborts(limited, http):
