@@ -33,6 +33,20 @@ def free_port() -> int:
     raise RuntimeError("no free port")
 
 
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of process ``pid``'s open sockets (/proc), to find what it listens on in
+    /proc/net/tcp or /proc/net/unix."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
 class ServerProcess:
     """``stop()`` ends the whole group (frontend and engine process)."""
 

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from atom_core.entrypoints.server_process import ServerProcess
+from atom_core.entrypoints.server_process import ServerProcess, socket_inodes
 from tests.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow
@@ -235,15 +235,7 @@ def test_stop_token_text_is_not_in_the_output(server):
 
 def listening_tcp_ports(pids: list[int]) -> set[int]:
     """The TCP ports these processes listen on (/proc: their socket inodes in LISTEN state)."""
-    inodes = set()
-    for pid in pids:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except FileNotFoundError:
-                continue  # closed meanwhile
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
+    inodes = set().union(*(socket_inodes(pid) for pid in pids))
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in open(table).read().splitlines()[1:]:

@@ -31,7 +31,7 @@ import zmq
 from atom_core.engine.core_link import LinkServer
 from atom_core.engine.core_messages import AddRequest, Control, EngineFailed, encoder
 from atom_core.engine.core_process import run_engine_core
-from atom_core.entrypoints.server_process import ServerProcess
+from atom_core.entrypoints.server_process import ServerProcess, socket_inodes
 from atom_core.sampling_params import SamplingParams
 from tests.reliability.conftest import AUTH, SERVER_FLAGS
 
@@ -41,14 +41,7 @@ from tests.reliability.conftest import AUTH, SERVER_FLAGS
 def link_dir(pid: int) -> Path:
     """The directory of the engine link that process ``pid`` listens on (its bound unix
     sockets, found through /proc)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = socket_inodes(pid)
     dirs = set()
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         cols = line.split()
