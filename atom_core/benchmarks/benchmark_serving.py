@@ -341,11 +341,6 @@ def save_result(args: argparse.Namespace, result: dict[str, Any], tokenizer_id: 
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
         "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed,
     }
-    if args.dataset_name in ("sharegpt", "burstgpt", "hf") and not args.dataset_path:
-        raise ConfigError(f"--dataset-name {args.dataset_name} needs --dataset-path (a local file; "
-                          "nothing is downloaded)")
-    if args.dataset_path and not os.path.exists(os.path.expanduser(args.dataset_path)):
-        raise ConfigError(f"--dataset-path {args.dataset_path}: no such file or directory")
     for item in args.metadata or []:
         key, sep, value = item.partition("=")
         if not sep:
