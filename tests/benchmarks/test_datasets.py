@@ -17,7 +17,7 @@ from atom_core.benchmarks.datasets import (
     sample_sharegpt_requests,
     sample_sonnet_requests,
 )
-from tests.tiny_models import build_tokenizer
+from atom_core.testing.tiny_models import build_tokenizer
 
 
 @pytest.fixture(scope="module")

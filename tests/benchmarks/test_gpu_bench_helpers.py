@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.tiny_models import tiny_config
+from atom_core.testing.tiny_models import tiny_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import attention_overlap  # noqa: E402

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from atom_core.examples import profile_offline
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 from atom_core.benchmarks import benchmark_serving
 from atom_core.benchmarks.arrivals import arrival_intervals
 from atom_core.entrypoints.server_process import ServerProcess
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 

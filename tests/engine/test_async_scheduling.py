@@ -11,8 +11,8 @@ import pytest
 
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.sampling_params import SamplingParams
-from tests.engine_reference import hf_greedy, hf_model
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.engine_reference import hf_greedy, hf_model
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 def engine(async_scheduling: bool, **kw) -> LLMEngine:

@@ -9,7 +9,7 @@ import pytest
 from atom_core.engine.llm_engine import LLMEngine, RequestOutput
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 

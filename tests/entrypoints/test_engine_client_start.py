@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from atom_core.entrypoints.openai import engine_client
 
 from atom_core.engine.arg_utils import EngineArgs
-from atom_core.entrypoints.openai import engine_client
 from atom_core.errors import ConfigError
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 def config_for(model, *extra: str):

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from atom_core.entrypoints.server_process import ServerProcess
-from tests.tiny_models import hf_model, tiny_model_dir
+from atom_core.testing.tiny_models import hf_model, tiny_model_dir
 
 pytestmark = pytest.mark.slow
 

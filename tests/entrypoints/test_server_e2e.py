@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from atom_core.entrypoints.server_process import ServerProcess, socket_inodes
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 

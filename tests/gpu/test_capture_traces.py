@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
-from tests.tiny_models import tiny_model_dir  # noqa: E402
+from atom_core.testing.tiny_models import tiny_model_dir  # noqa: E402
 
 
 def test_one_trace_per_captured_size(tmp_path):

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
 from atom_core.sampling_params import SamplingParams  # noqa: E402
-from tests.tiny_models import tiny_model_dir  # noqa: E402
+from atom_core.testing.tiny_models import tiny_model_dir  # noqa: E402
 
 NEW_TOKENS = 24
 

@@ -7,7 +7,7 @@ from atom_core.layers.attention.layer import Attention
 from atom_core.layers.attention.native import NativeAttentionBackend
 from atom_core.layers.context import BuildContext, build_context, forward_context
 from atom_core.plugins import get_registries
-from tests.layers.harness import PagedKV
+from atom_core.testing.paged_kv import PagedKV
 
 
 def test_native_backend_is_registered_for_every_device():

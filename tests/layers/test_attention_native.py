@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from atom_core.layers.attention.native import NativeAttentionBackend
-from tests.layers.harness import PagedKV
+from atom_core.testing.paged_kv import PagedKV
 
 
 def dense_reference(q, k, v, scale):

@@ -8,7 +8,7 @@ from atom_core.layers.attention.mla import MLAAttention
 from atom_core.layers.attention.mla_native import NativeMLABackend
 from atom_core.layers.context import BuildContext, build_context, forward_context
 from atom_core.plugins import get_registries
-from tests.layers.harness import PagedKV
+from atom_core.testing.paged_kv import PagedKV
 
 HEADS, NOPE, ROPE, V, RANK = 4, 16, 8, 12, 24
 SCALE = (NOPE + ROPE) ** -0.5

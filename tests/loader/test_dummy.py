@@ -5,7 +5,7 @@ import torch
 from atom_core.config import Config
 from atom_core.loader import load_model
 from atom_core.loader.dummy import init_dummy_weights
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 def _dummy(model, mode, seed=0):

@@ -189,7 +189,7 @@ def test_a_tokenizer_gguf_is_read_without_the_cache(cached, monkeypatch, tmp_pat
     # --tokenizer FILE.gguf needs only the tokenizer, of whatever architecture: no entry.
     from atom_core.config import Config
     from atom_core.loader import load_tokenizer
-    from tests.tiny_models import tiny_model_dir
+    from atom_core.testing.tiny_models import tiny_model_dir
 
     path, _, parsed, _ = cached
     monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path / "unused"))

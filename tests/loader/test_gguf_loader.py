@@ -49,7 +49,7 @@ def smollm2():
 @pytest.mark.slow
 def test_embedded_gguf_matches_transformers(smollm2, hf_smollm2):
     from atom_core.layers.context import forward_context
-    from tests.layers.harness import PagedKV, allocate_kv_caches
+    from atom_core.testing.paged_kv import PagedKV, allocate_kv_caches
 
     path, loaded = smollm2
     assert loaded.source == f"gguf:{path}"

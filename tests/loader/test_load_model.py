@@ -11,7 +11,7 @@ from atom_core.config import Config
 from atom_core.errors import ConfigError
 from atom_core.loader import embedded_model_path, load_model
 from atom_core.loader.hf_dir import iter_weights
-from tests.tiny_models import EOS_TOKEN_ID, tiny_model_dir
+from atom_core.testing.tiny_models import EOS_TOKEN_ID, tiny_model_dir
 
 
 def _load(model, **kw):

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from atom_core.entrypoints.server_process import ServerProcess
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

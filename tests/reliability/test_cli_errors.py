@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 ATOM = Path(sys.executable).with_name("atom")  # the console script, as a user runs it
 

@@ -69,7 +69,7 @@ def test_stop_profile_under_a_stream_keeps_it_flowing_and_writes_the_trace(serve
 @pytest.fixture(scope="module")
 def engine():
     from atom_core.engine.llm_engine import LLMEngine
-    from tests.tiny_models import tiny_model_dir
+    from atom_core.testing.tiny_models import tiny_model_dir
 
     return LLMEngine(str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False, max_model_len=128)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from atom_core.entrypoints.server_process import free_port
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ import torch
 from atom_core.config import Config
 from atom_core.layers.attention.mla import MLAAttention
 from atom_core.loader import load_model
-from tests.layers.harness import check_against_transformers
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.model_reference import check_against_transformers
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 @pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v3"])

@@ -12,8 +12,8 @@ from atom_core.layers.attention import backend as attention_backend
 from atom_core.layers.context import forward_context
 from atom_core.loader import load_model
 from atom_core.ops import resolve_op
-from tests.layers.harness import PagedKV, allocate_kv_caches
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.paged_kv import PagedKV, allocate_kv_caches
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 def run_steps(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -8,7 +8,7 @@ import pytest
 
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.sampling_params import SamplingParams
-from tests.engine_reference import (
+from atom_core.testing.engine_reference import (
     NEW_TOKENS,
     SETTINGS,
     check_prompt_logprobs,
@@ -17,7 +17,7 @@ from tests.engine_reference import (
     prompts,
     warm_prefix,
 )
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 @pytest.fixture(scope="module")

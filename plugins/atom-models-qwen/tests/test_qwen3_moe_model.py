@@ -8,8 +8,8 @@ from transformers import Qwen3MoeConfig
 
 from atom_core.config import Config
 from atom_core.loader import load_model
-from tests.layers.harness import check_against_transformers
-from tests.tiny_models import tiny_model_dir
+from atom_core.testing.model_reference import check_against_transformers
+from atom_core.testing.tiny_models import tiny_model_dir
 
 
 @pytest.mark.parametrize("block_size", [4, 16])

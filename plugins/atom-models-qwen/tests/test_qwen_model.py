@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.layers.harness import check_against_transformers
+from atom_core.testing.model_reference import check_against_transformers
 
 
 @pytest.mark.parametrize("block_size", [4, 16])

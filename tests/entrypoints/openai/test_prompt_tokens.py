@@ -10,10 +10,6 @@ import threading
 import unicodedata
 
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-from tokenizers.pre_tokenizers import ByteLevel
-from transformers import PreTrainedTokenizerFast
-
 from atom_core.entrypoints.openai.prompt_tokens import (
     NFC_MAX_FOLD,
     PromptTokenizer,
@@ -23,9 +19,13 @@ from atom_core.entrypoints.openai.prompt_tokens import (
     trimmed_len,
 )
 from atom_core.entrypoints.openai.serving_chat import OpenAIServingChat
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+from transformers import PreTrainedTokenizerFast
+
 from atom_core.errors import InvalidRequestError
+from atom_core.testing.tiny_models import tiny_model_dir
 from tests.entrypoints.openai.fake_engine import FakeEngineClient
-from tests.tiny_models import tiny_model_dir
 from tests.tiny_tokenizer import tiny_tokenizer
 
 SAMPLES = [

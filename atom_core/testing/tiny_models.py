@@ -1,4 +1,4 @@
-"""Tiny random checkpoints saved with transformers, built once per test process.
+"""Tiny random checkpoints saved with transformers, built once per process.
 
 ``tiny_model_dir(kind)`` returns a Hugging Face directory (config.json, model.safetensors,
 generation_config.json and a byte-level tokenizer with a ChatML template), so the same
