@@ -19,8 +19,8 @@ import random
 import time
 from pathlib import Path
 
+from atom_core import SamplingParams
 from atom_core.engine.arg_utils import EngineArgs
-from atom_core.sampling_params import SamplingParams
 
 DEFAULT_DIR = "./profiler_traces"
 TEXT = (

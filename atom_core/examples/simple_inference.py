@@ -9,8 +9,8 @@ import argparse
 import logging
 import time
 
+from atom_core import SamplingParams
 from atom_core.engine.arg_utils import EngineArgs
-from atom_core.sampling_params import SamplingParams
 
 PROMPTS = [
     "Introduce yourself in one sentence.",

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from atom_core.engine.llm_engine import LLMEngine
-from atom_core.sampling_params import SamplingParams
+from atom_core import LLMEngine, SamplingParams
 from atom_core.testing.engine_reference import (
     NEW_TOKENS,
     SETTINGS,
