@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 
 from atom_core.config import Config
 from atom_core.errors import ConfigError
+from atom_core.fusion import fuse_model
 from atom_core.layers.context import BuildContext, build_context
 from atom_core.loader import hf_dir
 from atom_core.loader.dummy import init_dummy_weights
@@ -96,8 +97,11 @@ def _check_complete(model: nn.Module, loaded: set[str], source: str) -> None:
         raise ConfigError(f"{source} lacks {len(missing)} of the model's weights: {shown}")
 
 
-def load_model(config: Config, device: torch.device | str, dtype: torch.dtype) -> LoadedModel:
-    """Read the model --model names (or the embedded default) onto ``device`` in ``dtype``."""
+def load_model(
+    config: Config, device: torch.device | str, dtype: torch.dtype, fuse: bool = True
+) -> LoadedModel:
+    """Read the model --model names (or the embedded default) onto ``device`` in ``dtype``;
+    ``fuse`` False keeps the model as its code states it (``atom_core.fusion``)."""
     m = config.model_config
     path = Path(m.model).expanduser() if m.model is not None else embedded_model_path()
     if not path.exists():
@@ -126,6 +130,8 @@ def load_model(config: Config, device: torch.device | str, dtype: torch.dtype) -
     else:
         raise ConfigError(f"--model {path} is a config file without weights; add --load_dummy")
     _check_complete(model, loaded, source)
+    for line in fuse_model(model, device) if fuse else ():
+        logger.info("fusion: %s", line)
 
     tokenizer, chat_template = _tokenizer_and_template(m.tokenizer, model_dir, gguf)
     logger.info("loaded %s (%s) from %s on %s in %s", architecture(hf_config),

@@ -14,16 +14,21 @@ from atom_core.ops import resolve_op
 
 
 @dataclass(frozen=True)
-class QKNormRope:
-    """Qwen3's attention input: per-head RMSNorm of q and k (weights ``[head_dim]``), then
-    RoPE at ``positions`` from ``cos_sin_cache`` (``[max_position, rot_dim]``, cos then sin)."""
+class AttentionInput:
+    """What turns the qkv projection's q and k into attention's: an optional per-head
+    RMSNorm of q and k (weights ``[head_dim]``, as Qwen3's q_norm / k_norm), then RoPE at
+    ``positions`` from ``cos_sin_cache`` (``[max_position, rot_dim]``, cos then sin)."""
 
-    q_weight: torch.Tensor
-    k_weight: torch.Tensor
-    eps: float
     positions: torch.Tensor
     cos_sin_cache: torch.Tensor
     is_neox: bool
+    q_weight: torch.Tensor | None = None
+    k_weight: torch.Tensor | None = None
+    eps: float = 1e-6
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return self.q_weight is not None
 
 
 class AttentionBackend(ABC):
@@ -39,10 +44,10 @@ class AttentionBackend(ABC):
     so the backend skips its own write. Only backends over the dense cache layout above
     can accept it; the default is False, and then the keyword is never passed.
 
-    ``forward_qk_norm_rope`` takes q, k and v as the qkv projection produced them, with
-    ``QKNormRope``'s norms and RoPE still to apply (Qwen3's attention input). Every backend
-    has it: the default runs the input's ops, then ``forward``; a backend whose decode
-    kernels can fold the whole attention input into their own launch overrides it.
+    ``forward_input`` takes q, k and v as the qkv projection produced them, with the
+    ``AttentionInput``'s norms and RoPE still to apply. Every backend has it: the default
+    runs the input's ops, then ``forward``; a backend whose kernels can fold the attention
+    input into their own launch overrides it.
     """
 
     accepts_written_cache: bool = False
@@ -70,29 +75,33 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
         ...
 
-    def forward_qk_norm_rope(
+    def forward_input(
         self,
         q: torch.Tensor,  # [T, num_heads * head_dim], before norm and RoPE
         k: torch.Tensor,  # [T, num_kv_heads * head_dim], before norm and RoPE
         v: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
-        spec: QKNormRope,
+        inp: AttentionInput,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
-        """The input's ops on q's device, then ``forward``: norms, RoPE and the K/V cache
-        write in one op (``qk_norm_rope_cache_write``) where this backend accepts a written
-        cache, else the ``rms_norm`` op per head and the ``rotary_embedding`` op."""
-        if self.accepts_written_cache:
-            q, k = self._op("qk_norm_rope_cache_write", q.device)(
-                q, k, v, spec.q_weight, spec.k_weight, spec.eps, spec.positions, spec.cos_sin_cache,
-                kv_cache, meta.slot_mapping, spec.is_neox,
-            )
-            return self.forward(q, k, v, kv_cache, meta, cache_written=True)
-        norm, d = self._op("rms_norm", q.device), self.head_dim
-        # Per-head norms: each token's heads as rows of head_dim.
-        q = norm(q.reshape(-1, d), spec.q_weight, spec.eps).view(q.shape)
-        k = norm(k.reshape(-1, d), spec.k_weight, spec.eps).view(k.shape)
-        q, k = self._op("rotary_embedding", q.device)(spec.positions, q, k, d, spec.cos_sin_cache, spec.is_neox)
+        """The input's ops on q's device, then ``forward``. With per-head norms: norms,
+        RoPE and the K/V cache write in one op (``qk_norm_rope_cache_write``) where this
+        backend accepts a written cache, else the ``rms_norm`` op per head. Then the
+        ``rotary_embedding`` op, and ``forward`` writes the cache."""
+        d = self.head_dim
+        if inp.has_qk_norm:
+            if self.accepts_written_cache:
+                q, k = self._op("qk_norm_rope_cache_write", q.device)(
+                    q, k, v, inp.q_weight, inp.k_weight, inp.eps, inp.positions,
+                    inp.cos_sin_cache, kv_cache, meta.slot_mapping, inp.is_neox,
+                )
+                return self.forward(q, k, v, kv_cache, meta, cache_written=True)
+            norm = self._op("rms_norm", q.device)
+            # Per-head norms: each token's heads as rows of head_dim.
+            q = norm(q.reshape(-1, d), inp.q_weight, inp.eps).view(q.shape)
+            k = norm(k.reshape(-1, d), inp.k_weight, inp.eps).view(k.shape)
+        rotary = self._op("rotary_embedding", q.device)
+        q, k = rotary(inp.positions, q, k, d, inp.cos_sin_cache, inp.is_neox)
         return self.forward(q, k, v, kv_cache, meta)
 
     def _op(self, name: str, device: torch.device) -> Callable[..., Any]:

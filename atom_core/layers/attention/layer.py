@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
-from atom_core.layers.attention.backend import AttentionBackend, QKNormRope
+from atom_core.layers.attention.backend import AttentionBackend, AttentionInput
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.context import get_build_context, get_forward_context
+from atom_core.layers.norm import RMSNorm
+from atom_core.layers.rotary import RotaryEmbedding
 from atom_core.ops import device_kind
 from atom_core.plugins import get_registries
+
+
+class _InputModules(NamedTuple):
+    """The modules of a layer's attention input. Held in a tuple, not as submodules: they
+    belong to the model's attention block (checkpoint names such as
+    ``self_attn.q_norm.weight``); this layer only reads them."""
+
+    rope: RotaryEmbedding
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
 
 
 class Attention(nn.Module):
@@ -24,14 +38,31 @@ class Attention(nn.Module):
 
     (contiguous; every layer its own tensor) and runs the model inside
     ``forward_context(meta)``; ``forward`` reads that metadata.
+
+    Given ``rope`` (and optionally per-head ``q_norm`` / ``k_norm``), the layer takes q and
+    k as the qkv projection made them, with ``positions``: the backend applies the norms,
+    RoPE and the cache write, in one kernel where it can (``AttentionBackend.forward_input``).
     """
 
     kind = "mha"
 
     def __init__(
-        self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        *,
+        rope: RotaryEmbedding | None = None,
+        q_norm: RMSNorm | None = None,
+        k_norm: RMSNorm | None = None,
     ) -> None:
         super().__init__()
+        if (q_norm is None) != (k_norm is None) or (q_norm is not None and rope is None):
+            raise ValueError("Attention takes q_norm and k_norm together, and only with rope")
+        if rope is not None and rope.head_size != head_dim:
+            raise ValueError(f"rope of head size {rope.head_size} for heads of {head_dim}")
+        self._input = _InputModules(rope, q_norm, k_norm) if rope is not None else None
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = num_kv_heads or num_heads
@@ -55,26 +86,24 @@ class Attention(nn.Module):
         return self.backend.accepts_written_cache
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_written: bool = False
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Attention of the new tokens' q over their sequences' cached and new K/V. Built
+        with ``rope``, the layer takes ``positions`` and q/k before norms and RoPE."""
         meta = self._metadata()
-        if cache_written:
-            if not self.accepts_written_cache:
-                raise RuntimeError(
-                    f"attention backend {self.backend_name!r} writes its own K/V cache; "
-                    "call forward(q, k, v) without cache_written"
-                )
-            return self.backend.forward(q, k, v, self.kv_cache, meta, cache_written=True)
-        # Without the keyword, so backends predating it keep working.
-        return self.backend.forward(q, k, v, self.kv_cache, meta)
-
-    def forward_qk_norm_rope(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: QKNormRope
-    ) -> torch.Tensor:
-        """Attention of q/k/v straight from the projection: the backend norms and rotates q
-        and k (``spec``) and stores the new K/V, in its own kernels where it can."""
-        meta = self._metadata()
-        return self.backend.forward_qk_norm_rope(q, k, v, self.kv_cache, meta, spec)
+        if self._input is None:
+            return self.backend.forward(q, k, v, self.kv_cache, meta)
+        if positions is None:
+            raise ValueError("Attention built with rope needs the tokens' positions")
+        rope, q_norm, k_norm = self._input
+        inp = AttentionInput(
+            positions, rope.cos_sin_cache, rope.is_neox,
+            q_norm.weight if q_norm is not None else None,
+            k_norm.weight if k_norm is not None else None,
+            q_norm.eps if q_norm is not None else 1e-6,
+        )
+        return self.backend.forward_input(q, k, v, self.kv_cache, meta, inp)
 
     def _metadata(self) -> AttentionMetadata:
         try:

@@ -12,13 +12,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from atom_core.layers.attention.backend import QKNormRope
 from atom_core.layers.attention.layer import Attention
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel, GatedMLP
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import get_rope, rope_config
-from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 
 
 class Qwen3Attention(nn.Module):
@@ -28,39 +26,23 @@ class Qwen3Attention(nn.Module):
         num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads, bias)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, num_heads, num_kv_heads,
+                                          bias)
         self.o_proj = RowParallelLinear(num_heads * head_dim, config.hidden_size, bias)
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
         base, rope_scaling = rope_config(config)
-        self.rotary_emb = get_rope(
-            head_dim, head_dim, config.max_position_embeddings, base, rope_scaling, is_neox=True
-        )
-        self.attn = Attention(
-            self.qkv_proj.num_heads, head_dim, head_dim**-0.5, self.qkv_proj.num_kv_heads
-        )
-
-    defers_norm = True  # DecoderLayer: o_proj may finish the next norm
-
-    @property
-    def input_proj(self) -> QKVParallelLinear:
-        """The decoder layer fuses its input norm into this projection (``DecoderLayer``)."""
-        return self.qkv_proj
+        self.rotary_emb = get_rope(head_dim, head_dim, config.max_position_embeddings, base,
+                                   rope_scaling)
+        # The attention input: per-head norms of q and k, then RoPE, then the cache write.
+        self.attn = Attention(self.qkv_proj.num_heads, head_dim, head_dim**-0.5,
+                              self.qkv_proj.num_kv_heads, rope=self.rotary_emb,
+                              q_norm=self.q_norm, k_norm=self.k_norm)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.forward_projected(positions, self.qkv_proj(hidden_states))
-
-    def forward_projected(
-        self, positions: torch.Tensor, qkv: torch.Tensor, add_norm: AddNorm | None = None
-    ) -> torch.Tensor | DeferredNorm:
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        # The per-head norms, RoPE and the K/V cache write go to the attention backend: its
-        # own kernels where it fuses them (Triton decode), else as ops before attention.
-        rope = self.rotary_emb
-        spec = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, positions,
-                          rope.cos_sin_cache, rope.is_neox)
-        return self.o_proj(self.attn.forward_qk_norm_rope(q, k, v, spec), add_norm)
+        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], -1)
+        return self.o_proj(self.attn(q, k, v, positions))
 
 
 def qwen3_mlp(config: Any) -> GatedMLP:
@@ -78,8 +60,6 @@ class Qwen3ForCausalLM(CausalLMBase):
 
     def __init__(self, config: Any) -> None:
         check_no_sliding_window(config)
-        layers = (
-            DecoderLayer(config, Qwen3Attention(config), qwen3_mlp(config))
-            for _ in range(config.num_hidden_layers)
-        )
+        layers = (DecoderLayer(config, Qwen3Attention(config), qwen3_mlp(config))
+                  for _ in range(config.num_hidden_layers))
         super().__init__(config, DecoderModel(config, layers))

@@ -17,7 +17,6 @@ from torch import nn
 
 from atom_core.layers.decoder import CausalLMBase, DecoderLayer, DecoderModel
 from atom_core.layers.moe import FusedMoE, TopKRouter, load_hf_moe_weights
-from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_models_qwen.model import Qwen3Attention, check_no_sliding_window, qwen3_mlp
 
 
@@ -31,8 +30,6 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    defers_norm = True  # DecoderLayer: takes a DeferredNorm, and the experts may finish the next norm
-
     def __init__(self, config: Any) -> None:
         super().__init__()
         if config.hidden_act != "silu":
@@ -41,14 +38,16 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             config.hidden_size, config.num_experts, config.num_experts_per_tok,
             scoring_func="softmax", renormalize=bool(getattr(config, "norm_topk_prob", False)),
         )
-        self.experts = FusedMoE(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.experts = FusedMoE(config.num_experts, config.hidden_size,
+                                config.moe_intermediate_size)
 
-    def forward(self, x: torch.Tensor | DeferredNorm, add_norm: AddNorm | None = None) -> torch.Tensor | DeferredNorm:
-        return self.experts(x, *self.gate(x), add_norm=add_norm)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, *self.gate(x))
 
 
 def qwen3_moe_layer(config: Any, layer_idx: int) -> DecoderLayer:
-    mlp = Qwen3MoeSparseMoeBlock(config) if is_sparse_layer(config, layer_idx) else qwen3_mlp(config)
+    sparse = is_sparse_layer(config, layer_idx)
+    mlp = Qwen3MoeSparseMoeBlock(config) if sparse else qwen3_mlp(config)
     return DecoderLayer(config, Qwen3Attention(config), mlp)
 
 
