@@ -1,4 +1,4 @@
-"""The real Qwen3 configs in bench/configs build (on the meta device, nothing allocated)
+"""The real Qwen3 configs (tests/configs) build (on the meta device, nothing allocated)
 into models of the published size."""
 
 from pathlib import Path
@@ -10,7 +10,7 @@ from atom_core.layers.moe import FusedMoE
 from atom_core.loader import architecture, build_model, hf_dir
 from atom_core.loader.dummy import init_dummy_weights
 
-CONFIGS = Path(__file__).resolve().parents[3] / "bench" / "configs"
+CONFIGS = Path(__file__).resolve().parent / "configs"  # copies of bench/configs' files
 
 
 def build_on_meta(name: str):
