@@ -6,8 +6,9 @@ Prints a table (engine, peer and the memory-bandwidth limit side by side) and wr
         [--json bench/results/cpu_decode.json]
 
 Decode rate = generated tokens after the first / time after the first token. Both engines
-run greedy at the same dtype (fp32 and bf16 by default), same prompts, process and threads. The limit is the bytes of
-weights read per decode step over this machine's copy bandwidth, measured here.
+run greedy at the same dtype (fp32 and bf16 by default), same prompts, process and threads.
+The limit is the bytes of weights read per decode step over this machine's copy bandwidth,
+measured here.
 
 ``--compiled`` also times ATOM with its decoder stack under ``torch.compile`` (inductor,
 dynamic shapes) and attention left eager, the split a piecewise ``--level 3`` would make:
@@ -20,14 +21,16 @@ differently, so the share of equal tokens is reported instead.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import markdown_table, write_json  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -53,28 +56,28 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 29, repeats: int = 5) -> float:
     return 2 * nbytes / best / 1e9
 
 
-def bench_atom(prompts: list[str], output_len: int, dtype: str, compiled: bool = False) -> tuple[dict, float]:
+def bench_atom(prompts: list[str], output_len: int, dtype: str,
+               compiled: bool = False) -> tuple[dict, float]:
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.layers.attention.layer import Attention
 
     engine = LLMEngine(enable_log_stats=False, max_model_len=2048, dtype=dtype, device="cpu")
-    eager_attention = {name: getattr(Attention, name) for name in ("forward", "forward_qk_norm_rope")}
+    eager_attention = Attention.forward
     limit = torch._dynamo.config.recompile_limit
     if compiled:
-        # Each layer resumes after its attention's graph break in DecoderLayer.forward's own
-        # frame, one cache entry per variant seen (first layer's residual None, static then
-        # dynamic shapes): past the default limit of 8 the rest would silently run eager.
+        # Each layer resumes after its attention's graph break in its own frame, one cache
+        # entry per variant seen (first layer's residual None, static then dynamic shapes):
+        # past the default limit of 8 the rest would silently run eager.
         torch._dynamo.config.recompile_limit = 64
-        for name, fn in eager_attention.items():  # attention stays eager: a graph break
-            setattr(Attention, name, torch.compiler.disable(fn))
+        # Attention stays eager: a graph break.
+        Attention.forward = torch.compiler.disable(eager_attention)
         decoder = engine.runner.model.model
         decoder.forward = torch.compile(decoder.forward, dynamic=True)
     try:
         return _time_atom(engine, prompts, output_len)
     finally:
         torch._dynamo.config.recompile_limit = limit
-        for name, fn in eager_attention.items():
-            setattr(Attention, name, fn)
+        Attention.forward = eager_attention
 
 
 def _time_atom(engine: Any, prompts: list[str], output_len: int) -> tuple[dict, float]:
@@ -83,7 +86,8 @@ def _time_atom(engine: Any, prompts: list[str], output_len: int) -> tuple[dict, 
     texts = [engine.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     t0 = time.perf_counter()
-    engine.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up (and compile)
+    # Warm-up (and compile).
+    engine.generate(texts[:1], SamplingParams(temperature=0.0, max_tokens=4))
     results = {"warmup_s": time.perf_counter() - t0}
     for bs in ARGS.batch_sizes:
         batch = (texts * bs)[:bs]
@@ -94,9 +98,10 @@ def _time_atom(engine: Any, prompts: list[str], output_len: int) -> tuple[dict, 
         total = time.perf_counter() - t0
         ttft = max(o["ttft"] for o in outs)
         n = sum(o["num_tokens_output"] for o in outs)
-        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total, "ttft_s": ttft,
-                       "token_ids": [o["token_ids"] for o in outs]}
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.loaded.model.parameters())
+        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total,
+                       "ttft_s": ttft, "token_ids": [o["token_ids"] for o in outs]}
+    weight_bytes = sum(p.numel() * p.element_size()
+                       for p in engine.loaded.model.parameters())
     return results, weight_bytes
 
 
@@ -110,13 +115,16 @@ def bench_hf(prompts: list[str], output_len: int, dtype: str) -> dict:
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                 dtype=getattr(torch, dtype))
     model.eval()
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                     add_generation_prompt=True)
              for p in prompts]
     results = {}
     for bs in ARGS.batch_sizes:
-        enc = tok((texts * bs)[:bs], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tok((texts * bs)[:bs], return_tensors="pt", padding=True,
+                  add_special_tokens=False)
         kw = dict(do_sample=False, pad_token_id=tok.pad_token_id)
         with torch.inference_mode():
             model.generate(**enc, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
@@ -127,7 +135,8 @@ def bench_hf(prompts: list[str], output_len: int, dtype: str) -> dict:
             model.generate(**enc, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
             total = time.perf_counter() - t0
         n = bs * output_len
-        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total, "ttft_s": ttft}
+        results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total,
+                       "ttft_s": ttft}
     return results
 
 
@@ -138,7 +147,8 @@ def main() -> None:
     same = True
     for dtype in ARGS.dtypes:
         atom, weight_bytes = bench_atom(PROMPTS, ARGS.output_len, dtype)
-        comp = bench_atom(PROMPTS, ARGS.output_len, dtype, compiled=True)[0] if ARGS.compiled else None
+        comp = (bench_atom(PROMPTS, ARGS.output_len, dtype, compiled=True)[0]
+                if ARGS.compiled else None)
         hf = bench_hf(PROMPTS, ARGS.output_len, dtype)
         limit = bw * 1e9 / weight_bytes  # decode steps/s if a step only streams the weights once
         for bs in ARGS.batch_sizes:
@@ -150,9 +160,10 @@ def main() -> None:
                 "atom_ttft_ms": a["ttft_s"] * 1e3, "hf_ttft_ms": h["ttft_s"] * 1e3,
             }
             if comp is not None:
-                pairs = [(x, y) for want, got in zip(a["token_ids"], comp[bs]["token_ids"]) for x, y in zip(want, got)]
-                row.update(compiled_decode_tok_s=comp[bs]["decode_tok_s"], compiled_warmup_s=comp["warmup_s"],
-                           eager_warmup_s=atom["warmup_s"],
+                pairs = [(x, y) for want, got in zip(a["token_ids"], comp[bs]["token_ids"])
+                         for x, y in zip(want, got)]
+                row.update(compiled_decode_tok_s=comp[bs]["decode_tok_s"],
+                           compiled_warmup_s=comp["warmup_s"], eager_warmup_s=atom["warmup_s"],
                            compiled_equal_token_share=sum(x == y for x, y in pairs) / len(pairs))
                 if dtype == "float32":
                     same &= comp[bs]["token_ids"] == a["token_ids"]
@@ -160,30 +171,32 @@ def main() -> None:
 
     print(f"\nSmolLM2-135M-Instruct (GGUF Q4_1, dequantized), {os.cpu_count()} CPU threads, "
           f"{ARGS.output_len} output tokens, greedy; copy bandwidth {bw:.1f} GB/s\n")
-    header = (f"{'dtype':>9} | {'batch':>5} | {'ATOM tok/s':>10} | {'HF tok/s':>9} | {'ATOM/HF':>7} | "
-              f"{'limit tok/s':>11} | {'ATOM TTFT ms':>12} | {'HF TTFT ms':>10}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['dtype']:>9} | {r['batch']:>5} | {r['atom_decode_tok_s']:>10.1f} | {r['hf_decode_tok_s']:>9.1f} | "
-              f"{r['ratio']:>6.2f}x | {r['limit_tok_s']:>11.1f} | {r['atom_ttft_ms']:>12.0f} | {r['hf_ttft_ms']:>10.0f}")
+    print(markdown_table(
+        ["dtype", "batch", "ATOM tok/s", "HF tok/s", "ATOM/HF", "limit tok/s", "ATOM TTFT ms",
+         "HF TTFT ms"],
+        [[r["dtype"], r["batch"], f"{r['atom_decode_tok_s']:.1f}", f"{r['hf_decode_tok_s']:.1f}",
+          f"{r['ratio']:.2f}x", f"{r['limit_tok_s']:.1f}", f"{r['atom_ttft_ms']:.0f}",
+          f"{r['hf_ttft_ms']:.0f}"] for r in rows]))
     if ARGS.compiled:
-        print("\nATOM with the decoder under torch.compile (attention eager):")
-        for r in rows:
-            print(f"{r['dtype']:>9} | batch {r['batch']:>3} | {r['compiled_decode_tok_s']:.1f} tok/s against "
-                  f"{r['atom_decode_tok_s']:.1f} eager | first call {r['compiled_warmup_s']:.1f} s against "
-                  f"{r['eager_warmup_s']:.1f} | tokens equal to eager: {r['compiled_equal_token_share']:.0%}")
-    out = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "torch": torch.__version__,
-           "output_len": ARGS.output_len, "copy_bandwidth_gbs": bw, "rows": rows}
-    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(ARGS.json).write_text(json.dumps(out, indent=2))
-    print(f"\nwrote {ARGS.json}")
+        print("\nATOM with the decoder under torch.compile (attention eager):\n")
+        print(markdown_table(
+            ["dtype", "batch", "eager tok/s", "compiled tok/s", "first call s (eager / compiled)",
+             "compiled tokens equal to eager"],
+            [[r["dtype"], r["batch"], f"{r['atom_decode_tok_s']:.1f}",
+              f"{r['compiled_decode_tok_s']:.1f}",
+              f"{r['eager_warmup_s']:.1f} / {r['compiled_warmup_s']:.1f}",
+              f"{r['compiled_equal_token_share']:.0%}"] for r in rows]))
+    path = write_json(ARGS.json, {"output_len": ARGS.output_len, "copy_bandwidth_gbs": bw,
+                                  "rows": rows})
+    print(f"\nwrote {path}")
     if not same:
-        raise SystemExit("in float32 the compiled engine's greedy tokens differ from the eager engine's")
+        raise SystemExit("in float32 the compiled engine's greedy tokens differ from the "
+                         "eager engine's")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])

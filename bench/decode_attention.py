@@ -1,9 +1,9 @@
-"""Paged decode attention (ops/triton/decode_attention.py) over its launch space (GPU).
+"""Paged decode attention (atom_kernels_triton.decode_attention) over its launch space (GPU).
 
 For the models' decode shapes, each KV split count and tile (BLOCK_N, warps, stages) is
-timed as a CUDA graph of LAYERS back-to-back calls (median replay), each on its own KV cache (as a model's
-layers are, so small caches do not all sit in L2), against the roofline: the KV bytes read
-over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
+timed as a CUDA graph of LAYERS back-to-back calls (median replay), each on its own KV cache
+(as a model's layers are, so small caches do not all sit in L2), against the roofline: the
+KV bytes read over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
 
     python bench/decode_attention.py [--default-only] [--shapes NAME ...]
         [--json bench/results/decode_attention.json]
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from atom_core.ops.triton.decode_attention import num_kv_splits, paged_decode_attention
+from atom_kernels_triton.decode_attention import num_kv_splits, paged_decode_attention
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_timing import run_shapes, shape_args, sweep  # noqa: E402
+from common import run_shapes, shape_args, sweep  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -32,7 +32,7 @@ SHAPES = {
     "qwen3-0.6b bs1 ctx576": (1, 576, 16, 8),
     "qwen3-8b bs1 ctx576": (1, 576, 32, 8),
     # Long contexts at batch 1: a split rule tuned on the 576-token shapes alone (16 splits
-    # there) measured 1.5x slower at 32k (bench/RESULTS.md, fifth session).
+    # there) measured 1.5x slower at 32k.
     "qwen3-8b bs1 ctx8192": (1, 8192, 32, 8),
     "qwen3-8b bs1 ctx32768": (1, 32768, 32, 8),
     "qwen3-8b bs32 ctx640": (32, 640, 32, 8),
@@ -47,9 +47,10 @@ TILES = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2)
 def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int):
     blocks_per_seq = -(-ctx // BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq
-    caches = [torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
-              for _ in range(LAYERS)]
-    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, blocks_per_seq)
+    caches = [torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, 128, device="cuda",
+                          dtype=torch.bfloat16) for _ in range(LAYERS)]
+    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
+    tables = tables.view(batch, blocks_per_seq)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
     q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
@@ -60,8 +61,8 @@ def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int):
 def calls(inputs, splits: int, tile) -> list:
     """One call a layer, each on its own cache."""
     caches, tables, seq_lens, qsl, q, out = inputs
-    return [functools.partial(paged_decode_attention, q, cache, tables, seq_lens, qsl, out, 128**-0.5, splits,
-                              tile=tile) for cache in caches]
+    return [functools.partial(paged_decode_attention, q, cache, tables, seq_lens, qsl, out,
+                              128**-0.5, splits, tile=tile) for cache in caches]
 
 
 def main() -> None:
@@ -74,15 +75,20 @@ def main() -> None:
         roofline = batch * ctx * kv_heads * 128 * 2 * 2 / COPY_BW * 1e6
         chosen = num_kv_splits(batch, kv_heads, sms)
         # None: the op's own tile choice (what a model runs today).
-        space = [(chosen, None)] + ([] if args.default_only else [(s, t) for s in SPLITS for t in TILES])
-        found = sweep(functools.partial(calls, inputs), space, inputs[-1], lambda p: {"splits": p[0], "tile": p[1]})
+        space = [(chosen, None)]
+        if not args.default_only:
+            space += [(s, t) for s in SPLITS for t in TILES]
+        found = sweep(functools.partial(calls, inputs), space, inputs[-1],
+                      lambda p: {"splits": p[0], "tile": p[1]})
         best, default, rows = found["best"], found["default"], found["all"]
         print(f"{name:28s} roofline {roofline:6.2f} us | today (splits {chosen}, default tile) "
-              f"{default['us']:6.2f} us | best (splits {best['splits']}, tile {best['tile'] or 'default'}) "
-              f"{best['us']:6.2f} us | max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
+              f"{default['us']:6.2f} us | best (splits {best['splits']}, "
+              f"tile {best['tile'] or 'default'}) {best['us']:6.2f} us | "
+              f"max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
         return {"roofline_us": roofline, **found}
 
     run_shapes(args.shapes, measure, args.json)
+
 
 if __name__ == "__main__":
     main()

@@ -4,15 +4,15 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
     python bench/decode_latency.py [--models qwen3-8b qwen3-30b-a3b] [--batch-sizes 1 16 32]
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
         [--profile-batch-sizes 1 32] [--gemv-config N,K,M=BN,BK,SPLIT ...]
-        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]] ...] [--weights normal|vllm] [--routing drawn|tied]
-        [--json bench/results/decode_latency.json]
+        [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]] ...]
+        [--weights normal|vllm] [--routing drawn|tied] [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
 Every batch's prompts are prefilled in one step (the engine's token budget is raised to
 batch x prompt length, up to 131,072, where the default 16,384 is smaller), so TPOT is the
-steady decode step: with the prompts in several chunked-prefill steps, the first requests' TPOT would
-also count the later prompts' prefills (DeepSeek-V2-Lite batch 128: 21.7 ms against a
-13.3 ms decode step).
+steady decode step: with the prompts in several chunked-prefill steps, the first requests'
+TPOT would also count the later prompts' prefills (DeepSeek-V2-Lite batch 128: 21.7 ms
+against a 13.3 ms decode step).
 Roofline = (weight bytes a step reads + mean KV bytes read per step) / device-to-device copy
 bandwidth (read + write bytes per second of a 2 GiB copy, measured first). A MoE step reads
 only the experts its tokens chose: after the timed run, 8 eager decode steps at the same
@@ -23,42 +23,42 @@ per-kernel breakdown of decode steps (graph replay and eager) at each profiled b
 the model, which its kernel timed alone can hide (the one-row GEMVs' weight loads overlap the
 kernel before them; gemv_config.IN_MODEL). ``--moe-config`` does the same for the fused-MoE
 table (fused_moe_config: Qwen3-30B-A3B's decode entry was chosen that way). ``--routing tied``
-zeroes the MoE routers of both engines' models (gpu_models.tie_routers), so every token
-picks the same experts: the workload behind vLLM's dummy-weight DeepSeek figures, where a
-bf16 softmax ties every score (bench/vllm_dummy_routing.py).
+zeroes the MoE routers of both engines' models (common.tie_routers), so every token picks
+the same experts: the workload behind vLLM's dummy-weight DeepSeek figures, where a bf16
+softmax ties every score (bench/RESULTS.md, "Settled questions").
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from atom_core.config import SchedulerConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_models import (  # noqa: E402
+from common import (  # noqa: E402
     MODELS,
     ROUTINGS,
     WEIGHT_SCHEMES,
-    apply_overrides,
     config_path,
     copy_bandwidth,
     decoding,
     free_memory,
+    hf_generate,
     hf_model,
     is_moe,
     kernel_table,
     kv_bytes_per_token,
     load_config,
     machine,
-    parse_gemv_override,
-    parse_moe_override,
+    markdown_table,
     print_kernels,
     profiler_activities,
     random_prompts,
@@ -69,9 +69,67 @@ from gpu_models import (  # noqa: E402
     tie_routers,
     touched_experts,
     uniform_experts_touched,
+    write_json,
 )
 
 PROFILE_WARMUP = 4  # decode steps between the prefill and the profiled ones
+
+
+def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int] | None]:
+    """``N,K,M=BN,BK,SPLIT[,WARPS,STAGES]`` (or ``N,K,M=cublas``) -> ((N, K, M bucket), config
+    or None): one ``gemv_config.TUNED`` entry to run with instead of the shipped one."""
+    try:
+        shape, value = spec.split("=")
+        n, k, m = (int(v) for v in shape.split(","))
+        if value.strip() == "cublas":
+            return (n, k, m), None
+        nums = [int(v) for v in value.split(",")]
+        if len(nums) not in (3, 5):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--gemv-config {spec!r}: expected N,K,M=BN,BK,SPLIT[,WARPS,STAGES] "
+                         "or N,K,M=cublas") from None
+    if m & (m - 1) or not 1 <= m <= 32:  # 32: gemv_config.WIDE_ROWS, the 32-row tiles
+        raise ValueError(f"--gemv-config {spec!r}: M must be a row bucket (1, 2, 4, 8, 16, 32)")
+    bn, bk, split, warps, stages = nums + ([4, 2 if m == 1 else 3] if len(nums) == 3 else [])
+    return (n, k, m), {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps,
+                       "num_stages": stages}
+
+
+def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]:
+    """``H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]`` -> ((hidden, inter, token
+    bucket), config): one ``fused_moe_config.TUNED`` entry to run with instead of the
+    shipped one."""
+    try:
+        shape, value = spec.split("=")
+        h, i, t = (int(v) for v in shape.split(","))
+        values = [int(v) for v in value.split(",")]
+        if len(values) not in (5, 6, 7):
+            raise ValueError
+    except ValueError:
+        form = "H,I,T=BLOCK_M,BLOCK_N,BLOCK_K,WARPS,STAGES[,PERSISTENT[,OVERLAP]]"
+        raise ValueError(f"--moe-config {spec!r}: expected {form}") from None
+    if t < 1 or t & (t - 1):
+        raise ValueError(f"--moe-config {spec!r}: T must be a token bucket (a power of two)")
+    keys = ["BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "PERSISTENT", "OVERLAP"]
+    config = dict(zip(keys, values))
+    if "OVERLAP" in config:
+        config["OVERLAP"] = bool(config["OVERLAP"])
+    return (h, i, t), config
+
+
+def apply_overrides(table: dict, parse: Callable[[str], tuple[tuple[int, int, int], Any]],
+                    specs: list[str]) -> dict[str, Any]:
+    """Replace entries of a shape -> {bucket: config} table (``gemv_config.TUNED`` with
+    ``parse_gemv_override``, ``fused_moe_config.TUNED`` with ``parse_moe_override``) in this
+    process, before an engine is built, to A/B a config in the model; returns them for the
+    results JSON."""
+    applied = {}
+    for spec in specs:
+        (a, b, bucket), config = parse(spec)
+        table.setdefault((a, b), {})[bucket] = config
+        applied[f"{a},{b},{bucket}"] = config
+    return applied
 
 
 def profile_steps(engine, batch: int, prompt_len: int, steps: int, graphs: bool) -> dict:
@@ -146,7 +204,8 @@ def bench_atom(name: str, results: dict) -> None:
                      "batches": {}}
     for bs in ARGS.batch_sizes:
         ps = random_prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs)
-        engine.generate(ps, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))  # warm-up
+        warm_up = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+        engine.generate(ps, warm_up)
         params = SamplingParams(temperature=0.0, max_tokens=ARGS.output_len, ignore_eos=True)
         outs = engine.generate(ps, params)
         tpot = sum(o["tpot"] for o in outs) / len(outs)
@@ -156,32 +215,24 @@ def bench_atom(name: str, results: dict) -> None:
         roof = (wbytes + kv) / results["copy_bandwidth"]
         per_layer = experts_per_layer(touched, cfg)
         results[name]["batches"][bs] = {
-            "atom_tpot_ms": tpot * 1e3, "roofline_ms": roof * 1e3, "fraction_of_roofline": roof / tpot,
+            "atom_tpot_ms": tpot * 1e3, "roofline_ms": roof * 1e3,
+            "fraction_of_roofline": roof / tpot,
             "weight_bytes_per_step": wbytes, "kv_bytes_per_step": kv,
             "ttft_ms": sum(o["ttft"] for o in outs) / len(outs) * 1e3,
             "experts_per_layer": per_layer, "routed_experts_touched": touched,
-            "routed_experts_touched_if_uniform": uniform_experts_touched(cfg, bs) if touched else None,
+            "routed_experts_touched_if_uniform":
+                uniform_experts_touched(cfg, bs) if touched else None,
         }
         experts = f", {per_layer:.1f} experts/layer" if per_layer is not None else ""
         print(f"{name} bs={bs}: ATOM TPOT {tpot * 1e3:.3f} ms, roofline {roof * 1e3:.3f} ms "
               f"({wbytes / 1e9:.2f} GB weights{experts})", flush=True)
     if ARGS.profile:
         results[name]["profile"] = []
+        profiles = results[name]["profile"]
         for bs in profile_sizes():
             if engine.runner.graphs is not None:
-                results[name]["profile"].append(profile_steps(engine, bs, ARGS.prompt_len, 32, True))
-            results[name]["profile"].append(profile_steps(engine, bs, ARGS.prompt_len, 16, False))
-
-
-def hf_generate(model, ids: torch.Tensor, **kw):
-    """transformers' generate, eager: with a static cache it otherwise torch.compiles the
-    forward on first use (and on new shapes), which is not the peer this bench measures."""
-    try:
-        return model.generate(ids, disable_compile=True, **kw)
-    except (TypeError, ValueError) as exc:
-        if "disable_compile" not in str(exc):
-            raise
-        return model.generate(ids, **kw)
+                profiles.append(profile_steps(engine, bs, ARGS.prompt_len, 32, True))
+            profiles.append(profile_steps(engine, bs, ARGS.prompt_len, 16, False))
 
 
 def timed_generate(model, ids: torch.Tensor, n: int, kw: dict) -> float:
@@ -203,9 +254,11 @@ def bench_hf(name: str, results: dict) -> None:
     except Exception as exc:  # report, do not lose the ATOM numbers
         results[name]["hf_error"] = f"{type(exc).__name__}: {exc}"
         return
-    results[name]["hf_experts_implementation"] = getattr(model.config, "_experts_implementation", None)
+    results[name]["hf_experts_implementation"] = getattr(
+        model.config, "_experts_implementation", None)
     for bs in ARGS.batch_sizes:
-        ids = torch.tensor(random_prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs), device=model.device)
+        ids = torch.tensor(random_prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs),
+                           device=model.device)
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
                   eos_token_id=None, cache_implementation="static")
         try:
@@ -230,36 +283,40 @@ def profile_sizes() -> list[int]:
 
 
 def save(results: dict) -> None:
-    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(ARGS.json).write_text(json.dumps(results, indent=1))
+    write_json(ARGS.json, results)
 
 
 def report(results: dict) -> None:
-    print("\n| model | batch | ATOM TPOT ms | HF static TPOT ms (tokens) | experts/layer | roofline ms | fraction |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for name in ARGS.models:
         if "atom_error" in results[name]:
-            print(f"| {name} | - | failed: {results[name]['atom_error'][:80]} | | | | |")
+            rows.append([name, "-", f"failed: {results[name]['atom_error'][:80]}", "", "", "", ""])
         for bs, r in results[name].get("batches", {}).items():
             hf = r.get("hf_static_tpot_ms")
             hf = "-" if hf is None else f"{hf:.3f} ({r['hf_tokens_timed']})"
             ex = r["experts_per_layer"]
             ex = "-" if ex is None else f"{ex:.1f}"
-            print(f"| {name} | {bs} | {r['atom_tpot_ms']:.3f} | {hf} | {ex} | "
-                  f"{r['roofline_ms']:.3f} | {r['fraction_of_roofline']:.2f} |")
+            rows.append([name, bs, f"{r['atom_tpot_ms']:.3f}", hf, ex, f"{r['roofline_ms']:.3f}",
+                         f"{r['fraction_of_roofline']:.2f}"])
+    header = ["model", "batch", "ATOM TPOT ms", "HF static TPOT ms (tokens)", "experts/layer",
+              "roofline ms", "fraction"]
+    print("\n" + markdown_table(header, rows))
     for name in ARGS.models:
         for prof in results[name].get("profile", []):
-            print(f"\n{name} batch-{prof['batch']} {prof['mode']}: wall {prof['wall_ms_per_step']:.3f} ms/step, "
+            print(f"\n{name} batch-{prof['batch']} {prof['mode']}: "
+                  f"wall {prof['wall_ms_per_step']:.3f} ms/step, "
                   f"GPU kernels {prof['gpu_kernel_ms_per_step']:.3f} ms/step")
             print_kernels(prof["kernels"])
 
 
 def main() -> None:
-    from atom_core.ops.triton import fused_moe_config, gemv_config
+    from atom_kernels_triton import fused_moe_config, gemv_config
 
     results: dict = {"machine": machine(), "args": vars(ARGS)}
-    results["gemv_overrides"] = apply_overrides(gemv_config.TUNED, parse_gemv_override, ARGS.gemv_config)
-    results["moe_overrides"] = apply_overrides(fused_moe_config.TUNED, parse_moe_override, ARGS.moe_config)
+    results["gemv_overrides"] = apply_overrides(
+        gemv_config.TUNED, parse_gemv_override, ARGS.gemv_config)
+    results["moe_overrides"] = apply_overrides(
+        fused_moe_config.TUNED, parse_moe_override, ARGS.moe_config)
     results["copy_bandwidth"] = copy_bandwidth()
     print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s; weights {ARGS.weights}, "
           f"MoE routing {ARGS.routing}", flush=True)
@@ -282,7 +339,8 @@ def main() -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     # 16 as well: the kernels switch paths between 1 and 32 rows (the skinny GEMM serves up
     # to 16), and a slowdown there once went unseen while only 1 and 32 were measured.
@@ -299,16 +357,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-batch-sizes", nargs="+", type=int, default=None,
-                   help="batch sizes to profile (default: the smallest and largest of --batch-sizes)")
+                   help="batch sizes to profile "
+                        "(default: the smallest and largest of --batch-sizes)")
     p.add_argument("--gemv-config", action="append", default=[], metavar="N,K,M=BN,BK,SPLIT",
                    help="replace a gemv_config.TUNED entry (also N,K,M=cublas); repeatable")
-    p.add_argument("--moe-config", action="append", default=[], metavar="H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]",
-                   help="replace a fused_moe_config.TUNED entry (hidden, inter, token bucket); repeatable")
+    p.add_argument("--moe-config", action="append", default=[],
+                   metavar="H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]",
+                   help="replace a fused_moe_config.TUNED entry (hidden, inter, token bucket); "
+                        "repeatable")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="normal",
-                   help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's (gpu_models.randomize)")
+                   help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's "
+                        "(common.randomize)")
     p.add_argument("--routing", choices=ROUTINGS, default="drawn",
                    help="MoE routers as drawn, or tied: zeroed, every token picks the same experts "
-                        "(gpu_models.tie_routers); dense models ignore it")
+                        "(common.tie_routers); dense models ignore it")
     p.add_argument("--json", default="bench/results/decode_latency.json")
     args = p.parse_args(argv)
     if args.hf_output_len < 2:

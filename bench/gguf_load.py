@@ -16,7 +16,6 @@ The floor beside them is reading the file once (from the page cache).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+from common import ROOT, markdown_table, write_json  # noqa: E402
 
 ATOM = """
 import sys, time, torch
@@ -49,8 +49,8 @@ print(time.perf_counter() - t)
 
 
 def timed(script: str, path: Path, env: dict[str, str] | None = None) -> float:
-    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, check=True)
+    out = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                         text=True, env=env, cwd=ROOT, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -62,7 +62,8 @@ def read_seconds(path: Path) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "gguf_load.json")
@@ -71,7 +72,8 @@ def main() -> None:
         from atom_core.loader import embedded_model_path
 
         args.model = embedded_model_path()
-    rows: dict[str, list[float]] = {"ATOM, cold (header parsed)": [], "ATOM, cached header": [],
+    rows: dict[str, list[float]] = {"ATOM, cold (header parsed)": [],
+                                    "ATOM, cached header": [],
                                     "transformers (model + tokenizer)": []}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as cache:
@@ -82,14 +84,12 @@ def main() -> None:
     floor = read_seconds(args.model)
     size = args.model.stat().st_size
     print(f"{args.model.name} ({size / 1e6:.1f} MB), {args.runs} runs, seconds (min / median)")
-    print("| load | min | median |")
-    print("|---|---|---|")
-    for name, times in rows.items():
-        print(f"| {name} | {min(times):.2f} | {statistics.median(times):.2f} |")
-    print(f"| floor: reading the file from the page cache | {floor:.3f} | - |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": str(args.model), "bytes": size, "runs": rows,
-                                     "read_seconds": floor}, indent=1))
+    table = [[name, f"{min(times):.2f}", f"{statistics.median(times):.2f}"]
+             for name, times in rows.items()]
+    table.append(["floor: reading the file from the page cache", f"{floor:.3f}", "-"])
+    print(markdown_table(["load", "min", "median"], table))
+    write_json(args.json, {"model": str(args.model), "bytes": size, "runs": rows,
+                           "read_seconds": floor})
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Paged MLA decode (ops/triton/mla_decode.py: the latent kernel and its split merge) over
-its launch space (GPU).
+"""Paged MLA decode (atom_kernels_triton.mla_decode: the latent kernel and its split merge)
+over its launch space (GPU).
 
 For DeepSeek's decode shapes (kv_lora_rank 512, rope 64, bf16), each KV split count and
 config (BLOCK_N, warps, stages) is timed as a CUDA graph of LAYERS back-to-back calls
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from atom_core.ops.triton.mla_decode import MLADecodeConfig, mla_decode_attention, mla_num_splits
+from atom_kernels_triton.mla_decode import MLADecodeConfig, mla_decode_attention, mla_num_splits
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_timing import run_shapes, shape_args, sweep  # noqa: E402
+from common import run_shapes, shape_args, sweep  # noqa: E402
 
 COPY_BW = 4.27e12
 LAYERS = 8
@@ -44,7 +44,8 @@ def make_inputs(batch: int, ctx: int, heads: int):
     num_blocks = batch * blocks_per_seq
     caches = [torch.randn(num_blocks, BLOCK_SIZE, RANK + ROPE, device="cuda", dtype=torch.bfloat16)
               for _ in range(LAYERS)]
-    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(batch, blocks_per_seq)
+    tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
+    tables = tables.view(batch, blocks_per_seq)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     q = torch.randn(batch, heads, RANK, device="cuda", dtype=torch.bfloat16)
     q_pe = torch.randn(batch, heads, ROPE, device="cuda", dtype=torch.bfloat16)
@@ -56,8 +57,8 @@ def calls(inputs, splits: int, config: MLADecodeConfig | None) -> list:
     """One call a layer, each on its own cache."""
     caches, tables, seq_lens, q, q_pe, out = inputs
     scale = (128 + ROPE) ** -0.5
-    return [functools.partial(mla_decode_attention, q, q_pe, cache, tables, seq_lens, scale, splits, out=out,
-                              config=config) for cache in caches]
+    return [functools.partial(mla_decode_attention, q, q_pe, cache, tables, seq_lens, scale,
+                              splits, out=out, config=config) for cache in caches]
 
 
 def main() -> None:
@@ -72,18 +73,21 @@ def main() -> None:
         chosen = mla_num_splits(batch, heads, sms, default_config)
         space: list[tuple] = [(chosen, None)]
         if not args.default_only:
-            space += [(s, MLADecodeConfig(block_n=n, num_warps=w, num_stages=st)) for s in SPLITS
-                      for n, w, st in CONFIGS]
+            space += [(s, MLADecodeConfig(block_n=n, num_warps=w, num_stages=st))
+                      for s in SPLITS for n, w, st in CONFIGS]
         found = sweep(functools.partial(calls, inputs), space, inputs[-1],
                       lambda p: {"splits": p[0], "config": asdict(p[1]) if p[1] else None})
         best, default, rows = found["best"], found["default"], found["all"]
-        cfg = best["config"] and (best["config"]["block_n"], best["config"]["num_warps"], best["config"]["num_stages"])
-        print(f"{name:30s} roofline {roofline:6.2f} us | today (splits {chosen}) {default['us']:6.2f} us | "
-              f"best (splits {best['splits']}, config {cfg or 'default'}) {best['us']:6.2f} us | "
+        c = best["config"]
+        cfg = c and (c["block_n"], c["num_warps"], c["num_stages"])
+        print(f"{name:30s} roofline {roofline:6.2f} us | today (splits {chosen}) "
+              f"{default['us']:6.2f} us | best (splits {best['splits']}, "
+              f"config {cfg or 'default'}) {best['us']:6.2f} us | "
               f"max diff {max(r['max_abs_diff'] for r in rows):.2e}", flush=True)
         return {"roofline_us": roofline, **found}
 
     run_shapes(args.shapes, measure, args.json)
+
 
 if __name__ == "__main__":
     main()

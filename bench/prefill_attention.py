@@ -24,18 +24,16 @@ minute on an H200, most of it Triton compiling.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import triton
+from atom_kernels_triton import prefill_attention as kernel_module
+from atom_kernels_triton.prefill_attention import paged_prefill_attention
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from atom_core.ops.triton import prefill_attention as kernel_module  # noqa: E402
-from atom_core.ops.triton.prefill_attention import paged_prefill_attention  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import event_seconds, write_json  # noqa: E402
 
 MODELS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}  # (heads, kv heads, head dim)
 CASES = {  # (sequences, new tokens each, cached prefix each)
@@ -61,22 +59,27 @@ def causal_flops(query_lens: list[int], prefix_lens: list[int], heads: int, head
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    p.add_argument("--budget-ms", type=float, default=250.0, help="timed run time per kernel per case")
+    p.add_argument("--budget-ms", type=float, default=250.0,
+                   help="timed run time per kernel per case")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the new kernel with the SWEEP tile configs on --sweep-case")
     p.add_argument("--sweep-case", default="qwen3-8b:4x4096", help="MODEL:CASE")
     p.add_argument("--sweep-tiles", nargs="+", metavar="M,N,WARPS,STAGES",
-                   help="tile configs to sweep instead of SWEEP (BLOCK_M,BLOCK_N,num_warps,num_stages)")
+                   help="tile configs to sweep instead of SWEEP "
+                        "(BLOCK_M,BLOCK_N,num_warps,num_stages)")
     p.add_argument("--json", default="bench/results/prefill_attention.json")
     args = p.parse_args(argv)
     model, _, case = args.sweep_case.partition(":")
     if model not in MODELS or case not in CASES:
-        p.error(f"--sweep-case {args.sweep_case!r}: want MODEL:CASE from {list(MODELS)} and {list(CASES)}")
+        p.error(f"--sweep-case {args.sweep_case!r}: want MODEL:CASE from {list(MODELS)} "
+                f"and {list(CASES)}")
     try:
-        args.sweep_tiles = [tuple(int(v) for v in t.split(",", 3)) for t in args.sweep_tiles or []] or SWEEP
+        args.sweep_tiles = [tuple(int(v) for v in t.split(",", 3))
+                            for t in args.sweep_tiles or []] or SWEEP
     except ValueError:
         p.error(f"--sweep-tiles {args.sweep_tiles}: want M,N,WARPS,STAGES integers")
     if any(len(t) != 4 for t in args.sweep_tiles):
@@ -92,11 +95,13 @@ def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda") -> dict:
     per_seq = triton.cdiv(seq_len, BLOCK_SIZE)
     g = torch.Generator(device=dev).manual_seed(seed)
     tables = torch.randperm(batch * per_seq, generator=g, device=dev).view(batch, per_seq)
-    cache = torch.randn(2, batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=g, device=dev, dtype=DTYPE)
+    cache = torch.randn(2, batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=g,
+                        device=dev, dtype=DTYPE)
     q = torch.randn(batch * q_len, heads, head_dim, generator=g, device=dev, dtype=DTYPE)
 
     def contiguous(kv: torch.Tensor) -> torch.Tensor:  # [B, heads, seq_len, D]
-        seqs = kv[tables].view(batch, per_seq * BLOCK_SIZE, kv_heads, head_dim)[:, :seq_len]
+        seqs = kv[tables].view(batch, per_seq * BLOCK_SIZE, kv_heads, head_dim)
+        seqs = seqs[:, :seq_len]
         return seqs.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1).contiguous()
 
     return {
@@ -139,22 +144,11 @@ def sdpa_runner(c: dict):
 
 
 def time_ms(fn, budget_ms: float) -> float:
-    fn()  # compile / warm up
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    reps = max(3, min(100, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds of ``fn`` over about ``budget_ms`` of runs (3 to 100), after a
+    warm-up call that compiles."""
+    once_ms = event_seconds(fn, reps=1, warmup=1) * 1e3
+    reps = max(3, min(100, int(budget_ms / max(once_ms, 1e-3))))
+    return event_seconds(fn, reps=reps, warmup=0) * 1e3
 
 
 def prepared(model: str, case: str):
@@ -162,8 +156,8 @@ def prepared(model: str, case: str):
     in the kernels' [T, H, D] layout)."""
     c = make_case(model, case)
     out = torch.empty_like(c["q"])
-    args = (c["q"], c["cache"], c["block_tables"], c["seq_lens"], c["query_start_loc"], c["seq_idx"],
-            c["max_query_len"], out, c["scale"])
+    args = (c["q"], c["cache"], c["block_tables"], c["seq_lens"], c["query_start_loc"],
+            c["seq_idx"], c["max_query_len"], out, c["scale"])
     sdpa, peer = sdpa_runner(c)
     return c, args, sdpa, peer, sdpa().transpose(1, 2).reshape(out.shape).float()
 
@@ -188,7 +182,8 @@ def run_case(model: str, case: str, budget_ms: float) -> dict:
     return row
 
 
-def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int, int, int]]) -> list[dict]:
+def sweep(model: str, case: str, budget_ms: float,
+          configs: list[tuple[int, int, int, int]]) -> list[dict]:
     """The new kernel under each tile config (the shipped one first), through its module's
     tile_config; a config that fails to compile or run is recorded, not fatal."""
     c, args, _, _, ref = prepared(model, case)
@@ -202,11 +197,13 @@ def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int,
                 row["max_abs_diff"] = max_abs_diff(paged_prefill_attention, args, ref)
                 row["ms"] = time_ms(lambda: paged_prefill_attention(*args), budget_ms)
                 row["tflops"] = c["flops"] / row["ms"] / 1e9
-                print(f"  BLOCK_M {tiles[0]:>3} BLOCK_N {tiles[1]:>3} warps {tiles[2]} stages {tiles[3]}: "
-                      f"{row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s  max|d| {row['max_abs_diff']:.2e}"
+                print(f"  BLOCK_M {tiles[0]:>3} BLOCK_N {tiles[1]:>3} warps {tiles[2]} "
+                      f"stages {tiles[3]}: {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s  "
+                      f"max|d| {row['max_abs_diff']:.2e}"
                       + ("  (shipped)" if row["shipped"] else ""))
             except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on this GPU
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                row["error"] = f"{type(exc).__name__}: {first}"
                 print(f"  {tiles}: {row['error']}")
             rows.append(row)
     finally:
@@ -214,10 +211,9 @@ def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int,
     return rows
 
 
-def write(path: Path, info: dict, rows: list[dict], sweep_rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": info, "block_size": BLOCK_SIZE, "dtype": str(DTYPE),
-                                "results": rows, "sweep": sweep_rows}, indent=2) + "\n")
+def write(path: Path, rows: list[dict], sweep_rows: list[dict]) -> None:
+    write_json(path, {"triton": triton.__version__, "block_size": BLOCK_SIZE, "dtype": str(DTYPE),
+                      "results": rows, "sweep": sweep_rows})
 
 
 def main() -> int:
@@ -225,10 +221,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
-    props = torch.cuda.get_device_properties(0)
-    info = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-            "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
-    print(f"{info['gpu']}  torch {info['torch']}  triton {info['triton']}  {DTYPE}, block size {BLOCK_SIZE}")
+    print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  "
+          f"triton {triton.__version__}  {DTYPE}, block size {BLOCK_SIZE}")
     print(f"{'model':<11} {'case':<19} {'new ms':>8} {'sdpa ms':>8} "
           f"{'new TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'max|d|':>8}")
     rows = []
@@ -242,13 +236,13 @@ def main() -> int:
                   f"{r['new_vs_sdpa']:6.2f}x {r['new_max_abs_diff']:8.2e}{flag}")
             torch.cuda.empty_cache()
     path = Path(args.json)
-    write(path, info, rows, [])  # kept even if the sweep below dies
+    write(path, rows, [])  # kept even if the sweep below dies
     sweep_rows = []
     if args.sweep:
         model, case = args.sweep_case.split(":")
         print(f"tile sweep, new kernel, {model} {case}:")
         sweep_rows = sweep(model, case, args.budget_ms, args.sweep_tiles)
-        write(path, info, rows, sweep_rows)
+        write(path, rows, sweep_rows)
     print(f"wrote {path}")
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -25,21 +24,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_models import copy_bandwidth, machine  # noqa: E402
-
-
-def median_s(fn, reps: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
+from common import copy_bandwidth, event_seconds, markdown_table, write_json  # noqa: E402
 
 
 @triton.jit
@@ -55,15 +40,16 @@ def _read_kernel(x_ptr, out_ptr, n, per_prog, BLOCK: tl.constexpr):
 def triton_reads(x: torch.Tensor) -> list[dict]:
     n, sms = x.numel(), torch.cuda.get_device_properties(x.device).multi_processor_count
     rows = []
-    for waves, block, warps, stages in itertools.product((2, 4, 8), (4096, 8192, 16384), (4, 8), (2, 3)):
+    grid = itertools.product((2, 4, 8), (4096, 8192, 16384), (4, 8), (2, 3))
+    for waves, block, warps, stages in grid:
         programs = sms * waves
         per = triton.cdiv(triton.cdiv(n, programs), block) * block
         out = torch.empty(programs, device=x.device, dtype=torch.float32)
-        launch = functools.partial(_read_kernel[(programs,)], x, out, n, per, BLOCK=block, num_warps=warps,
-                                   num_stages=stages)
-        s = median_s(launch)
-        rows.append({"bytes_per_s": x.numel() * x.element_size() / s, "programs_per_sm": waves, "BLOCK": block,
-                     "num_warps": warps, "num_stages": stages})
+        launch = functools.partial(_read_kernel[(programs,)], x, out, n, per, BLOCK=block,
+                                   num_warps=warps, num_stages=stages)
+        s = event_seconds(launch)
+        rows.append({"bytes_per_s": x.numel() * x.element_size() / s, "programs_per_sm": waves,
+                     "BLOCK": block, "num_warps": warps, "num_stages": stages})
     return sorted(rows, key=lambda r: -r["bytes_per_s"])
 
 
@@ -84,25 +70,28 @@ def tma_reads(x: torch.Tensor) -> list[dict]:
     x2 = x.view(-1, 128)
     rows, sms = x2.shape[0], torch.cuda.get_device_properties(x.device).multi_processor_count
     results = []
-    for waves, bm, warps, stages in itertools.product((1, 2, 4), (32, 64, 128), (4, 8), (2, 3, 4)):
+    grid = itertools.product((1, 2, 4), (32, 64, 128), (4, 8), (2, 3, 4))
+    for waves, bm, warps, stages in grid:
         programs = sms * waves
         per = triton.cdiv(triton.cdiv(rows, programs), bm) * bm
         out = torch.empty(programs, device=x.device, dtype=torch.float32)
         desc = TensorDescriptor.from_tensor(x2, block_shape=[bm, 128])
-        launch = functools.partial(_tma_read_kernel[(programs,)], desc, out, rows, per, BM=bm, BN=128,
-                                   num_warps=warps, num_stages=stages)
+        launch = functools.partial(_tma_read_kernel[(programs,)], desc, out, rows, per, BM=bm,
+                                   BN=128, num_warps=warps, num_stages=stages)
         try:
-            s = median_s(launch)
+            s = event_seconds(launch)
         except Exception as exc:  # a tile that does not fit (shared memory) is skipped, and said
             print(f"TMA read BM {bm}, {warps} warps, {stages} stages: {type(exc).__name__}")
             continue
-        results.append({"bytes_per_s": x.numel() * x.element_size() / s, "programs_per_sm": waves, "BM": bm,
-                        "num_warps": warps, "num_stages": stages})
+        results.append({"bytes_per_s": x.numel() * x.element_size() / s,
+                        "programs_per_sm": waves, "BM": bm, "num_warps": warps,
+                        "num_stages": stages})
     return sorted(results, key=lambda r: -r["bytes_per_s"])
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", type=int, default=4)
     ap.add_argument("--json", type=Path, default=Path("bench/results/read_bandwidth.json"))
     args = ap.parse_args()
@@ -111,20 +100,21 @@ def main() -> None:
     copy = copy_bandwidth()
     x = torch.randn(args.gib << 29, device="cuda", dtype=torch.bfloat16)
     nbytes = x.numel() * x.element_size()
-    torch_sum = nbytes / median_s(lambda: x.sum(dtype=torch.float32))
+    torch_sum = nbytes / event_seconds(lambda: x.sum(dtype=torch.float32))
     reads = triton_reads(x)
     tma = tma_reads(x)
-    print(f"copy (read + write) {copy / 1e12:.3f} TB/s; torch.sum {torch_sum / 1e12:.3f} TB/s")
-    for r in reads[:3]:
-        print(f"Triton read {r['bytes_per_s'] / 1e12:.3f} TB/s: {r['programs_per_sm']} programs/SM, "
-              f"BLOCK {r['BLOCK']}, {r['num_warps']} warps, {r['num_stages']} stages")
-    for r in tma[:3]:
-        print(f"TMA read {r['bytes_per_s'] / 1e12:.3f} TB/s: {r['programs_per_sm']} programs/SM, "
-              f"BM {r['BM']}, {r['num_warps']} warps, {r['num_stages']} stages")
-    print(f"read ceiling / copy bandwidth: {reads[0]['bytes_per_s'] / copy:.3f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": machine(), "copy_bytes_per_s": copy, "torch_sum_bytes_per_s": torch_sum,
-                                     "triton_reads": reads, "tma_reads": tma}, indent=1) + "\n")
+    table = [["copy (read + write)", f"{copy / 1e12:.3f}", "-"],
+             ["torch.sum", f"{torch_sum / 1e12:.3f}", "-"]]
+    table += [["Triton loads", f"{r['bytes_per_s'] / 1e12:.3f}",
+               f"{r['programs_per_sm']} programs/SM, BLOCK {r['BLOCK']}, {r['num_warps']} warps, "
+               f"{r['num_stages']} stages"] for r in reads[:3]]
+    table += [["TMA loads", f"{r['bytes_per_s'] / 1e12:.3f}",
+               f"{r['programs_per_sm']} programs/SM, BM {r['BM']}, {r['num_warps']} warps, "
+               f"{r['num_stages']} stages"] for r in tma[:3]]
+    print(markdown_table(["read", "TB/s", "config"], table))
+    print(f"\nread ceiling / copy bandwidth: {reads[0]['bytes_per_s'] / copy:.3f}")
+    write_json(args.json, {"copy_bytes_per_s": copy, "torch_sum_bytes_per_s": torch_sum,
+                           "triton_reads": reads, "tma_reads": tma})
 
 
 if __name__ == "__main__":

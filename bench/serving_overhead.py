@@ -1,4 +1,5 @@
-"""Serving overhead: the server's TPOT beside the in-process engine's, and the stream's merge factor.
+"""Serving overhead: the server's TPOT beside the in-process engine's, and the stream's merge
+factor.
 
     python bench/serving_overhead.py [--model DIR] [--output-len 64] [--num-prompts 6]
         [--concurrency 64] [--concurrent-output-len 32] [--json bench/results/serving_overhead.json]
@@ -24,8 +25,8 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ from typing import Any
 import aiohttp
 
 from atom_core.entrypoints.server_process import ServerProcess
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import cpu_name, markdown_table, write_json  # noqa: E402
 
 PROMPT = (
     "Write a detailed explanation of how a hash map works, covering hashing, collisions, "
@@ -68,10 +72,13 @@ class StreamResult:
 
     @property
     def tpot(self) -> float:
-        return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+        if self.output_tokens < 2:
+            return 0.0
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
 
 
-async def stream_one(session: aiohttp.ClientSession, url: str, prompt: list[int], output_len: int) -> StreamResult:
+async def stream_one(session: aiohttp.ClientSession, url: str, prompt: list[int],
+                     output_len: int) -> StreamResult:
     """One streamed completion, timed per SSE chunk the way vLLM's benchmark client does."""
     body = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -106,7 +113,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, prompt: list[int]
     return out
 
 
-async def stream_all(session: aiohttp.ClientSession, url: str, prompts: list[list[int]], output_len: int) -> tuple[list[StreamResult], float]:
+async def stream_all(session: aiohttp.ClientSession, url: str, prompts: list[list[int]],
+                     output_len: int) -> tuple[list[StreamResult], float]:
     """Every prompt at once (the session's connector allows that many connections)."""
     t0 = time.perf_counter()
     results = await asyncio.gather(*(stream_one(session, url, p, output_len) for p in prompts))
@@ -136,7 +144,8 @@ def chat_prompt(engine: Any, text: str) -> list[int]:
     return engine.tokenize(text)
 
 
-def engine_generate(engine: Any, prompts: list[list[int]], output_len: int) -> tuple[list[dict[str, Any]], float]:
+def engine_generate(engine: Any, prompts: list[list[int]],
+                    output_len: int) -> tuple[list[dict[str, Any]], float]:
     from atom_core.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -145,11 +154,13 @@ def engine_generate(engine: Any, prompts: list[list[int]], output_len: int) -> t
     return outs, time.perf_counter() - t0
 
 
-async def measure(engine: Any, url: str, conc1: list[list[int]], batch: list[list[int]]) -> dict[str, Any]:
+async def measure(engine: Any, url: str, conc1: list[list[int]],
+                  batch: list[list[int]]) -> dict[str, Any]:
     """Engine and server take turns on the same prompts (the idle one costs no CPU), so
     drift on a shared machine hits both alike; at concurrency 1 the order alternates."""
     connector = aiohttp.TCPConnector(limit=len(batch))
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         # Warm-up at both shapes: first touches of weights, KV cache and batch-sized buffers
         # are slow on a fresh VM, and must not land in either side's numbers.
         for _ in range(2):
@@ -168,7 +179,8 @@ async def measure(engine: Any, url: str, conc1: list[list[int]], batch: list[lis
                 srv1.append(await stream_one(session, url, p, ARGS.output_len))
         srv64, srv64_s = await stream_all(session, url, batch, ARGS.concurrent_output_len)
         eng64, eng64_s = engine_generate(engine, batch, ARGS.concurrent_output_len)
-    return {"eng1": eng1, "srv1": srv1, "srv64": srv64, "srv64_s": srv64_s, "eng64": eng64, "eng64_s": eng64_s}
+    return {"eng1": eng1, "srv1": srv1, "srv64": srv64, "srv64_s": srv64_s, "eng64": eng64,
+            "eng64_s": eng64_s}
 
 
 # ----------------------------------------------------------------------------- report
@@ -190,27 +202,19 @@ def summarize(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
     }
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     import torch
 
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     log = Path(tempfile.mkdtemp(prefix="atom-serving-overhead-")) / "server.log"
-    server = start_server(ARGS.model, ARGS.max_model_len, log)  # loads while the engine below does
+    # The server loads while the engine below does.
+    server = start_server(ARGS.model, ARGS.max_model_len, log)
     try:
         engine = load_engine(ARGS.model)
         n1 = ARGS.num_prompts
-        prompts = [chat_prompt(engine, f"Request {i}. {PROMPT}") for i in range(n1 + ARGS.concurrency)]
+        prompts = [chat_prompt(engine, f"Request {i}. {PROMPT}")
+                   for i in range(n1 + ARGS.concurrency)]
         conc1, batch = prompts[:n1], prompts[n1:]
         server.wait_ready()
         m = asyncio.run(measure(engine, server.base_url, conc1, batch))
@@ -232,34 +236,34 @@ def main() -> None:
 
     model = ARGS.model or "embedded SmolLM2-135M-Instruct (GGUF, fp32)"
     print(f"\n{model}, {os.cpu_count()} CPUs ({cpu_name()}), torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads); prompts ~{len(conc1[0])} tokens, greedy, ignore_eos; "
-          f"load average {load_before[0]:.2f} -> {load_after[0]:.2f}\n")
-    print(f"concurrency 1 ({n1} requests x {ARGS.output_len} tokens, engine and server alternating)")
-    header = f"{'':>26} | {'TPOT ms':>8} | {'TTFT ms':>8} | {'mean ITL ms':>11} | {'tok/chunk':>9}"
-    print(header)
-    print("-" * len(header))
-    print(f"{'LLMEngine (in-process)':>26} | {eng1_tpot:>8.2f} | {eng1_ttft:>8.1f} | {'':>11} | {'':>9}")
-    print(f"{'server, engine clock':>26} | {s1['server_reported_tpot_ms']:>8.2f} | "
-          f"{s1['server_reported_ttft_ms']:>8.1f} | {'':>11} | {'':>9}")
-    print(f"{'server, client clock':>26} | {s1['mean_tpot_ms']:>8.2f} | {s1['mean_ttft_ms']:>8.1f} | "
-          f"{s1['mean_itl_ms']:>11.2f} | {s1['tokens_per_chunk']:>9.2f}")
-    print(f"server adds {added:+.1f}% to TPOT (median of per-request ratios "
+          f"({torch.get_num_threads()} threads); prompts ~{len(conc1[0])} tokens, greedy, "
+          f"ignore_eos; load average {load_before[0]:.2f} -> {load_after[0]:.2f}\n")
+    print(f"concurrency 1 ({n1} requests x {ARGS.output_len} tokens, "
+          "engine and server alternating)\n")
+    print(markdown_table(["", "TPOT ms", "TTFT ms", "mean ITL ms", "tokens per chunk"], [
+        ["LLMEngine (in-process)", f"{eng1_tpot:.2f}", f"{eng1_ttft:.1f}", "", ""],
+        ["server, engine clock", f"{s1['server_reported_tpot_ms']:.2f}",
+         f"{s1['server_reported_ttft_ms']:.1f}", "", ""],
+        ["server, client clock", f"{s1['mean_tpot_ms']:.2f}", f"{s1['mean_ttft_ms']:.1f}",
+         f"{s1['mean_itl_ms']:.2f}", f"{s1['tokens_per_chunk']:.2f}"]]))
+    print(f"\nserver adds {added:+.1f}% to TPOT (median of per-request ratios "
           f"{(statistics.median(pair_ratios) - 1) * 100:+.1f}%)\n")
 
-    print(f"concurrency {ARGS.concurrency} ({len(batch)} requests x {ARGS.concurrent_output_len} tokens)")
-    header = (f"{'mean ITL ms':>11} | {'mean TPOT ms':>12} | {'ITL/TPOT':>8} | {'tok/chunk':>9} | "
-              f"{'p99 ITL ms':>10} | {'TTFT ms':>8} | {'tok/s':>6} | {'engine TPOT ms':>14} | {'engine tok/s':>12}")
-    print(header)
-    print("-" * len(header))
-    print(f"{s64['mean_itl_ms']:>11.2f} | {s64['mean_tpot_ms']:>12.2f} | {merge:>8.2f} | "
-          f"{s64['tokens_per_chunk']:>9.2f} | {s64['p99_itl_ms']:>10.1f} | {s64['mean_ttft_ms']:>8.0f} | "
-          f"{s64['output_tok_s']:>6.1f} | {eng64_tpot:>14.2f} | {eng64_tok_s:>12.1f}")
-    print(f"(engine = the same prompts as one LLMEngine.generate batch; server adds {added64:+.1f}% to its TPOT)")
+    print(f"concurrency {ARGS.concurrency} ({len(batch)} requests x "
+          f"{ARGS.concurrent_output_len} tokens)\n")
+    print(markdown_table(
+        ["mean ITL ms", "mean TPOT ms", "ITL/TPOT", "tokens per chunk", "p99 ITL ms", "TTFT ms",
+         "tok/s", "engine TPOT ms", "engine tok/s"],
+        [[f"{s64['mean_itl_ms']:.2f}", f"{s64['mean_tpot_ms']:.2f}", f"{merge:.2f}",
+          f"{s64['tokens_per_chunk']:.2f}", f"{s64['p99_itl_ms']:.1f}",
+          f"{s64['mean_ttft_ms']:.0f}", f"{s64['output_tok_s']:.1f}", f"{eng64_tpot:.2f}",
+          f"{eng64_tok_s:.1f}"]]))
+    print(f"\n(engine = the same prompts as one LLMEngine.generate batch; server adds "
+          f"{added64:+.1f}% to its TPOT)")
 
     out = {
-        "machine": {"cpus": os.cpu_count(), "cpu": cpu_name(), "arch": platform.machine(),
-                    "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "load_average_before": load_before[0], "load_average_after": load_after[0]},
+        "host": {"torch_threads": torch.get_num_threads(),
+                 "load_average_before": load_before[0], "load_average_after": load_after[0]},
         "model": model, "prompt_tokens": len(conc1[0]),
         "conc1": {"num_prompts": n1, "output_len": ARGS.output_len, "server": s1,
                   "engine_tpot_ms": eng1_tpot, "engine_ttft_ms": eng1_ttft,
@@ -269,17 +273,20 @@ def main() -> None:
                        "engine_batch_tok_s": eng64_tok_s, "server_adds_tpot_pct": added64},
         "seconds": t_total,
     }
-    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(ARGS.json).write_text(json.dumps(out, indent=2))
-    print(f"\nwrote {ARGS.json} ({t_total:.0f} s)")
+    path = write_json(ARGS.json, out)
+    print(f"\nwrote {path} ({t_total:.0f} s)")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="HF dir or .gguf (default: the embedded SmolLM2)")
-    parser.add_argument("--output-len", type=int, default=64, help="tokens per request at concurrency 1")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None,
+                        help="HF dir or .gguf (default: the embedded SmolLM2)")
+    parser.add_argument("--output-len", type=int, default=64,
+                        help="tokens per request at concurrency 1")
     parser.add_argument("--num-prompts", type=int, default=6, help="requests at concurrency 1")
-    parser.add_argument("--concurrency", type=int, default=64, help="streams at once (and requests)")
+    parser.add_argument("--concurrency", type=int, default=64,
+                        help="streams at once (and requests)")
     parser.add_argument("--concurrent-output-len", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--json", default="bench/results/serving_overhead.json")

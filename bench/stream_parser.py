@@ -2,7 +2,8 @@
 
 Prints a table of microseconds per token for 2k/4k/8k/16k-token answers and writes JSON:
 
-    python bench/stream_parser.py [--tokens 2048 4096 8192 16384] [--json bench/results/stream_parser.json]
+    python bench/stream_parser.py [--tokens 2048 4096 8192 16384]
+        [--json bench/results/stream_parser.json]
 
 Each answer is fed one token (about four characters) at a time through the same reader a
 server uses (ResponseParser(format, think).reader(...)), then finished. Three shapes:
@@ -24,18 +25,22 @@ the 16k cost to the 2k cost (about 1 when linear, about 8 when quadratic).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
+import sys
 import time
 from pathlib import Path
 
-from atom_core.entrypoints.openai.tool_parser.response import ResponseParser
+from atom_core.parsing.response import ResponseParser
 from atom_core.plugins import get_registries
 
-WORDS = ["the", "answer", "is", "if", "(a", "<", "b)", "<b>x</b>", "a", "<=", "b,", "value", "x<y", "\n", "code", "."]
+sys.path.insert(0, str(Path(__file__).parent))
+from common import markdown_table, write_json  # noqa: E402
+
+WORDS = ["the", "answer", "is", "if", "(a", "<", "b)", "<b>x</b>", "a", "<=", "b,", "value",
+         "x<y", "\n", "code", "."]
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
 
 
 def tokens_of(text: str, rng: random.Random) -> list[str]:
@@ -58,7 +63,8 @@ def answer(shape: str, fmt, n_tokens: int) -> list[str]:
     if shape == "prose":
         text = body
     elif shape == "call":
-        text = "Writing the file.\n" + fmt.render_call("write_file", {"path": "notes.txt", "content": body})
+        call = fmt.render_call("write_file", {"path": "notes.txt", "content": body})
+        text = "Writing the file.\n" + call
     else:
         opener = next(m for m in fmt.START_MARKERS if fmt.opens_region(m))
         if shape == "quoted":
@@ -89,7 +95,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "stream_parser.json")
+    ap.add_argument("--json", type=Path,
+                    default=Path(__file__).parent / "results" / "stream_parser.json")
     args = ap.parse_args()
 
     reg = get_registries()
@@ -102,21 +109,20 @@ def main() -> None:
             costs = {n: time_one(parser, answer(shape, fmt, n), args.repeats) for n in args.tokens}
             rows.append({"format": name, "shape": shape, "us_per_token": costs})
 
-    head = "".join(f"{n // 1024}k".rjust(9) for n in args.tokens)
-    print(f"{'format':14}{'shape':8}{head}{'16k/2k':>9}   (microseconds per token)")
+    table = []
     for r in rows:
         costs = [r["us_per_token"][n] for n in args.tokens]
         r["growth"] = costs[-1] / costs[0]
-        print(f"{r['format']:14}{r['shape']:8}" + "".join(f"{c:9.2f}" for c in costs) + f"{r['growth']:9.2f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    result = {
-        "bench": "stream_parser",
-        "machine": {"python": platform.python_version(), "processor": platform.processor() or platform.machine()},
-        "tokens": args.tokens,
-        "rows": [{**r, "us_per_token": {str(k): v for k, v in r["us_per_token"].items()}} for r in rows],
-    }
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+        table.append([r["format"], r["shape"], *(f"{c:.2f}" for c in costs), f"{r['growth']:.2f}"])
+    def label(n: int) -> str:
+        return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+    growth = f"{label(args.tokens[-1])}/{label(args.tokens[0])}"
+    print("microseconds per token\n")
+    print(markdown_table(["format", "shape", *map(label, args.tokens), growth], table))
+    path = write_json(args.json, {"tokens": args.tokens, "rows": [
+        {**r, "us_per_token": {str(k): v for k, v in r["us_per_token"].items()}} for r in rows]})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ prompt tokens (prefill, decodes possibly beside it) and decode-only steps. trans
 fixed batches of --hf-batch-size prompts (static cache, greedy, every sequence to
 --output-len); its rate is measured over --hf-batches batches (the same for every batch).
 
-Beside them it prints the run's floor (``gpu_models.offline_floor``): its GEMMs at the bf16
+Beside them it prints the run's floor (``common.offline_floor``): its GEMMs at the bf16
 rate this GPU sustains at its power limit (one step's tokens by the hidden size by four,
 timed for --floor-seconds after the engine is gone) plus the decode tokens' KV reads at the
 copy bandwidth, both measured in the same run; attention, norms and activations are not in
@@ -27,7 +27,6 @@ prefills, so the window holds prefill and decode steps): the per-kernel breakdow
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -38,26 +37,28 @@ import torch
 from atom_core.config import SchedulerConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
-from decode_latency import hf_generate  # noqa: E402
-from gemm_power import sustained_gemm  # noqa: E402
-from gpu_models import (  # noqa: E402
+from common import (  # noqa: E402
     MODELS,
     config_path,
     copy_bandwidth,
     free_memory,
+    hf_generate,
     hf_model,
     host_api_table,
     kernel_table,
     kv_bytes_per_token,
     load_config,
     machine,
+    markdown_table,
     offline_floor,
     params_per_token,
     print_kernels,
     profiler_activities,
     random_prompts,
     randomize,
+    sustained_gemm,
     sync,
+    write_json,
 )
 
 
@@ -95,7 +96,8 @@ class StepClock:
 
     def summary(self) -> dict:
         return {kind: {"steps": self.steps[kind], "wall_s": self.seconds[kind],
-                       "ms_per_step": self.seconds[kind] / self.steps[kind] * 1e3 if self.steps[kind] else 0.0}
+                       "ms_per_step": self.seconds[kind] / self.steps[kind] * 1e3
+                       if self.steps[kind] else 0.0}
                 for kind in self.steps}
 
     def __enter__(self) -> StepClock:
@@ -138,7 +140,8 @@ def profile_run(engine: Any, prompts: list[list[int]], params: Any, start: int, 
         engine.abort_request(rid)
     events = prof.key_averages()
     total, rows = kernel_table(events, steps, engine.device)
-    return {"start": start, "steps": steps, "wall_ms_per_step": wall * 1e3, "gpu_kernel_ms_per_step": total / 1e3,
+    return {"start": start, "steps": steps, "wall_ms_per_step": wall * 1e3,
+            "gpu_kernel_ms_per_step": total / 1e3,
             "host_api": host_api_table(events, steps),
             "prefill_steps": clock.steps["prefill"] - before["prefill"],
             "decode_steps": clock.steps["decode"] - before["decode"], "kernels": rows}
@@ -164,14 +167,16 @@ def bench_atom(results: dict) -> None:
         enable_log_stats=False, max_model_len=ARGS.input_len + ARGS.output_len + 16,
         max_num_seqs=ARGS.max_num_seqs, max_num_batched_tokens=ARGS.max_num_batched_tokens,
         async_scheduling=ARGS.async_scheduling,
-        **({"cudagraph_capture_sizes": ARGS.cudagraph_capture_sizes} if ARGS.cudagraph_capture_sizes else {}),
+        **({"cudagraph_capture_sizes": ARGS.cudagraph_capture_sizes}
+           if ARGS.cudagraph_capture_sizes else {}),
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
     cfg = load_config(ARGS.model)
     head = getattr(getattr(engine.runner.model, "lm_head", None), "weight", None)
     results["model_size"] = {
-        "params_per_token": params_per_token(engine.runner.model, cfg.get("num_experts_per_tok") or 0),
+        "params_per_token": params_per_token(engine.runner.model,
+                                             cfg.get("num_experts_per_tok") or 0),
         "lm_head_params": head.numel() if head is not None else 0,
         "kv_bytes_per_token": kv_bytes_per_token(cfg),
     }
@@ -179,7 +184,8 @@ def bench_atom(results: dict) -> None:
     engine.warmup()  # as the server does before it takes requests
     results["atom_warmup_s"] = time.perf_counter() - t0
     ps = random_prompts(ARGS.num_prompts, ARGS.input_len, vocab)
-    engine.generate(random_prompts(8, ARGS.input_len, vocab, 1), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    engine.generate(random_prompts(8, ARGS.input_len, vocab, 1),
+                    SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0.0, max_tokens=ARGS.output_len, ignore_eos=True)
     wall, clock = run(engine, ps, params)
     n_in, n_out = clock.tokens
@@ -197,7 +203,7 @@ def bench_atom(results: dict) -> None:
 
 @torch.inference_mode()
 def bench_floor(results: dict) -> None:
-    """The run's floor (gpu_models.offline_floor) at two rates measured here: a bf16 GEMM of
+    """The run's floor (common.offline_floor) at two rates measured here: a bf16 GEMM of
     one step's tokens sustained for --floor-seconds (the board settles at its power limit,
     as a long run's prefill does) and the copy bandwidth."""
     hidden = load_config(ARGS.model)["hidden_size"]
@@ -206,7 +212,8 @@ def bench_floor(results: dict) -> None:
     results["floor"] = {
         "gemm": gemm,
         **offline_floor(ARGS.num_prompts, ARGS.input_len, ARGS.output_len, size["params_per_token"],
-                        size["lm_head_params"], size["kv_bytes_per_token"], gemm["tflops"] * 1e12, copy_bandwidth()),
+                        size["lm_head_params"], size["kv_bytes_per_token"], gemm["tflops"] * 1e12,
+                        copy_bandwidth()),
     }
 
 
@@ -224,7 +231,8 @@ def bench_hf(results: dict) -> None:
               max_new_tokens=ARGS.output_len, min_new_tokens=ARGS.output_len)
     try:
         warm = torch.tensor(random_prompts(bs, ARGS.input_len, vocab, 99), device=model.device)
-        hf_generate(model, warm, attention_mask=torch.ones_like(warm), **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
+        hf_generate(model, warm, attention_mask=torch.ones_like(warm),
+                    **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})
         sync(model.device)
         t0 = time.perf_counter()
         for b in range(ARGS.hf_batches):
@@ -236,36 +244,42 @@ def bench_hf(results: dict) -> None:
         results["hf"] = {"batch_size": bs, "batches": ARGS.hf_batches, "wall_s": wall,
                          "total_tok_s": tokens / wall,
                          "output_tok_s": ARGS.hf_batches * bs * ARGS.output_len / wall}
-        print(f"transformers static batching (bs {bs}): {tokens / wall:,.0f} tok/s total", flush=True)
+        print(f"transformers static batching (bs {bs}): {tokens / wall:,.0f} tok/s total",
+              flush=True)
     except Exception as exc:
         results["hf_error"] = f"{type(exc).__name__}: {exc}"
         print(f"transformers failed: {exc}", flush=True)
 
 
 def report(results: dict) -> None:
-    print("\n| engine | prompts | wall s | total tok/s | generated tok/s |")
-    print("|---|---|---|---|---|")
     a = results["atom"]
-    print(f"| ATOM | {a['num_prompts']} | {a['wall_s']:.1f} | {a['total_tok_s']:,.0f} | {a['output_tok_s']:,.0f} |")
+    rows = [["ATOM", a["num_prompts"], f"{a['wall_s']:.1f}", f"{a['total_tok_s']:,.0f}",
+             f"{a['output_tok_s']:,.0f}"]]
     if "hf" in results:
         h = results["hf"]
-        print(f"| transformers (static, bs {h['batch_size']}) | {h['batches'] * h['batch_size']} | "
-              f"{h['wall_s']:.1f} | {h['total_tok_s']:,.0f} | {h['output_tok_s']:,.0f} |")
-    if "floor" in results:
-        f = results["floor"]
-        print(f"| floor: GEMMs + KV reads only | {a['num_prompts']} | {f['floor_s']:.1f} | {f['floor_tok_s']:,.0f} | - |")
-        print(f"\nfloor = {f['gemm_pflop']:.2f} PFLOP of GEMM at {f['gemm_tflops']:.0f} TFLOP/s sustained "
-              f"({f['gemm']['watts']:.0f} W, {f['gemm']['sm_mhz']:.0f} MHz) = {f['gemm_s']:.1f} s, plus "
-              f"{f['kv_tb']:.1f} TB of decode KV reads at {f['copy_tb_s']:.2f} TB/s = {f['kv_s']:.1f} s; "
+        rows.append([f"transformers (static, bs {h['batch_size']})", h["batches"] * h["batch_size"],
+                     f"{h['wall_s']:.1f}", f"{h['total_tok_s']:,.0f}", f"{h['output_tok_s']:,.0f}"])
+    f = results.get("floor")
+    if f:
+        rows.append(["floor: GEMMs + KV reads only", a["num_prompts"], f"{f['floor_s']:.1f}",
+                     f"{f['floor_tok_s']:,.0f}", "-"])
+    header = ["engine", "prompts", "wall s", "total tok/s", "generated tok/s"]
+    print("\n" + markdown_table(header, rows))
+    if f:
+        print(f"\nfloor = {f['gemm_pflop']:.2f} PFLOP of GEMM at {f['gemm_tflops']:.0f} TFLOP/s "
+              f"sustained ({f['gemm']['watts']:.0f} W, {f['gemm']['sm_mhz']:.0f} MHz) = "
+              f"{f['gemm_s']:.1f} s, plus {f['kv_tb']:.1f} TB of decode KV reads at "
+              f"{f['copy_tb_s']:.2f} TB/s = {f['kv_s']:.1f} s; "
               f"ATOM at {f['floor_s'] / a['wall_s']:.0%} of it")
     print("\nATOM's wall time by step kind:")
     for kind, s in a["steps"].items():
-        print(f"  {kind:8s} {s['steps']:6d} steps  {s['wall_s']:8.2f} s ({s['wall_s'] / a['wall_s']:.0%})  "
-              f"{s['ms_per_step']:8.2f} ms/step")
+        print(f"  {kind:8s} {s['steps']:6d} steps  {s['wall_s']:8.2f} s "
+              f"({s['wall_s'] / a['wall_s']:.0%})  {s['ms_per_step']:8.2f} ms/step")
     if "profile" in results:
         p = results["profile"]
-        print(f"\nsteps {p['start']}..{p['start'] + p['steps'] - 1} ({p['prefill_steps']} with prefill, "
-              f"{p['decode_steps']} decode-only; under the profiler): wall {p['wall_ms_per_step']:.2f} ms/step, "
+        print(f"\nsteps {p['start']}..{p['start'] + p['steps'] - 1} "
+              f"({p['prefill_steps']} with prefill, {p['decode_steps']} decode-only; "
+              f"under the profiler): wall {p['wall_ms_per_step']:.2f} ms/step, "
               f"GPU kernels {p['gpu_kernel_ms_per_step']:.2f} ms/step")
         print_kernels(p["kernels"], 20)
         print("host time in the CUDA runtime (waits show the host ahead of the GPU):")
@@ -276,25 +290,27 @@ def main() -> None:
     results: dict = {"machine": machine(), "args": vars(ARGS)}
     bench_atom(results)  # returns with the engine gone: transformers' model never shares the GPU
     results["gpu_bytes_after_engine"] = free_memory()
-    print(f"{results['gpu_bytes_after_engine'] / 2**30:.2f} GiB still allocated after the engine", flush=True)
+    print(f"{results['gpu_bytes_after_engine'] / 2**30:.2f} GiB still allocated after the engine",
+          flush=True)
     if ARGS.floor_seconds > 0:
         bench_floor(results)
-    Path(ARGS.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(ARGS.json).write_text(json.dumps(results, indent=1))
+    write_json(ARGS.json, results)
     if ARGS.hf_batches > 0:
         bench_hf(results)
         results["gpu_bytes_after_hf"] = free_memory()
-        Path(ARGS.json).write_text(json.dumps(results, indent=1))
+        write_json(ARGS.json, results)
     report(results)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen3-8b", choices=MODELS)
     p.add_argument("--num-prompts", type=int, default=1024)
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs, help="default: the engine's")
+    p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs,
+                   help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run every step one ahead (the engine's default)")
@@ -302,7 +318,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-batches", type=int, default=2, help="0 skips transformers")
     p.add_argument("--cudagraph-capture-sizes", type=int, nargs="+", default=None,
                    help="decode batch sizes captured as CUDA graphs (default: the engine's)")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="profile N engine steps (0: none)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="profile N engine steps (0: none)")
     p.add_argument("--profile-start", type=int, default=None,
                    help="engine steps before the profiled ones (default: see above)")
     p.add_argument("--floor-seconds", type=float, default=4.0,

@@ -17,12 +17,9 @@ from torch import nn
 from atom_core.testing.tiny_models import tiny_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import attention_overlap  # noqa: E402
+import common  # noqa: E402
 import decode_latency  # noqa: E402
-import gemm_overlap  # noqa: E402
-import gpu_models  # noqa: E402
 import throughput_offline  # noqa: E402
-import vllm_dummy_routing  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +44,7 @@ def build(tmp_path_factory):
             cfg.to_json_file(path, use_diff=False)
             engine = LLMEngine(str(path), load_dummy="empty", device="cpu", dtype="float32",
                                enable_log_stats=False, max_model_len=96, max_num_seqs=4)
-            gpu_models.randomize(engine.runner.model)
+            common.randomize(engine.runner.model)
             built[kind] = engine, json.loads(path.read_text())
         return built[kind]
 
@@ -60,7 +57,7 @@ def tiny(request, build):
 
 
 def test_kv_bytes_per_token_of_the_shipped_configs():
-    kv = {name: gpu_models.kv_bytes_per_token(gpu_models.load_config(name)) for name in gpu_models.MODELS}
+    kv = {name: common.kv_bytes_per_token(common.load_config(name)) for name in common.MODELS}
     assert kv["qwen3-8b"] == 36 * 2 * 8 * 128 * 2  # GQA: K and V of 8 KV heads
     assert kv["qwen3-30b-a3b"] == 48 * 2 * 4 * 128 * 2
     assert kv["deepseek-v2-lite"] == 27 * (512 + 64) * 2  # MLA: the latent plus the RoPE key
@@ -70,12 +67,13 @@ def test_kv_bytes_per_token_matches_the_engines_cache(tiny):
     engine, cfg = tiny
     runner = engine.runner
     cache = sum(layer.kv_cache.numel() for layer in runner.attention_layers) * ELEM
-    assert gpu_models.kv_bytes_per_token(cfg, ELEM) == cache // (runner.num_blocks * runner.block_size)
+    assert common.kv_bytes_per_token(cfg, ELEM) == cache // (runner.num_blocks * runner.block_size)
 
 
 def test_one_sequence_touches_exactly_top_k_routed_experts(tiny):
     engine, cfg = tiny
-    touched = gpu_models.touched_experts(engine, gpu_models.random_prompts(1, 8, cfg["vocab_size"]), steps=2)
+    prompts = common.random_prompts(1, 8, cfg["vocab_size"])
+    touched = common.touched_experts(engine, prompts, steps=2)
     assert list(touched.values()) == [2.0, 2.0]  # two MoE layers of three; shared slots not counted
     assert engine.is_finished()  # the counting requests were aborted
 
@@ -86,13 +84,15 @@ def test_step_bytes_is_dense_weights_plus_touched_experts(tiny):
     weights or a separate MLP, are read every step either way."""
     engine, cfg = tiny
     model = engine.runner.model
-    touched = gpu_models.touched_experts(engine, gpu_models.random_prompts(3, 8, cfg["vocab_size"], 1), steps=3)
+    prompts = common.random_prompts(3, 8, cfg["vocab_size"], 1)
+    touched = common.touched_experts(engine, prompts, steps=3)
     assert len(touched) == 2 and all(2 <= t <= 6 for t in touched.values())
     h, inter, experts = 64, 32, 8
     all_params = sum(p.numel() for p in model.parameters()) * ELEM
     embed = cfg["vocab_size"] * h * ELEM
     untouched = sum((experts - t) * 3 * h * inter * ELEM for t in touched.values())
-    assert gpu_models.step_bytes(model, 3, touched) == pytest.approx(all_params - embed + 3 * h * ELEM - untouched)
+    want = all_params - embed + 3 * h * ELEM - untouched
+    assert common.step_bytes(model, 3, touched) == pytest.approx(want)
     assert decode_latency.experts_per_layer(touched, cfg) == pytest.approx(
         sum(touched.values()) / 2 + cfg.get("n_shared_experts", 0))
 
@@ -108,8 +108,8 @@ def test_step_bytes_of_a_dense_model_reads_every_weight_once():
             model.lm_head.weight = model.model.embed_tokens.weight
         return model
 
-    assert gpu_models.step_bytes(toy(tied=False), 2, {}) == (2 * 8 + 64 + 800) * 4
-    assert gpu_models.step_bytes(toy(tied=True), 2, {}) == (64 + 800) * 4
+    assert common.step_bytes(toy(tied=False), 2, {}) == (2 * 8 + 64 + 800) * 4
+    assert common.step_bytes(toy(tied=True), 2, {}) == (64 + 800) * 4
 
 
 def test_profile_steps_at_any_batch_size(build):
@@ -117,7 +117,8 @@ def test_profile_steps_at_any_batch_size(build):
     prof = decode_latency.profile_steps(engine, batch=3, prompt_len=6, steps=1, graphs=True)
     assert prof["batch"] == 3 and prof["mode"] == "eager"  # no CUDA graphs on CPU
     assert prof["kernels"] and all(k["calls_per_step"] > 0 for k in prof["kernels"])
-    assert not any(k["kernel"].startswith("decode[") for k in prof["kernels"])  # step labels are no kernels
+    # The runner's step labels are no kernels.
+    assert not any(k["kernel"].startswith("decode[") for k in prof["kernels"])
     assert engine.is_finished()
 
 
@@ -125,7 +126,7 @@ def test_step_clock_splits_prefill_from_decode_steps(build):
     from atom_core.sampling_params import SamplingParams
 
     engine, cfg = build("qwen3_moe")
-    prompts = gpu_models.random_prompts(2, 8, cfg["vocab_size"], 2)
+    prompts = common.random_prompts(2, 8, cfg["vocab_size"], 2)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     wall, clock = throughput_offline.run(engine, prompts, params)
     assert clock.steps == {"prefill": 1, "decode": 3}  # both prompts in one step, then 3 decodes
@@ -139,12 +140,14 @@ def test_step_clock_splits_prefill_from_decode_steps(build):
 def test_kernel_table_sums_kernels_per_step_and_skips_annotations():
     cuda = torch.autograd.DeviceType.CUDA
     events = [
-        SimpleNamespace(key="gemm", self_device_time_total=300.0, device_type=cuda, count=6, is_user_annotation=False),
-        SimpleNamespace(key="norm", self_device_time_total=60.0, device_type=cuda, count=12, is_user_annotation=False),
+        SimpleNamespace(key="gemm", self_device_time_total=300.0, device_type=cuda, count=6,
+                        is_user_annotation=False),
+        SimpleNamespace(key="norm", self_device_time_total=60.0, device_type=cuda, count=12,
+                        is_user_annotation=False),
         SimpleNamespace(key="decode[bs=1]", self_device_time_total=400.0, device_type=cuda, count=3,
                         is_user_annotation=True),
     ]
-    total, rows = gpu_models.kernel_table(events, 3, torch.device("cuda"))
+    total, rows = common.kernel_table(events, 3, torch.device("cuda"))
     assert total == 120.0
     assert rows == [{"kernel": "gemm", "us_per_step": 100.0, "calls_per_step": 2.0},
                     {"kernel": "norm", "us_per_step": 20.0, "calls_per_step": 4.0}]
@@ -152,47 +155,32 @@ def test_kernel_table_sums_kernels_per_step_and_skips_annotations():
 
 def test_transformers_builds_every_bench_model():
     expected = {"qwen3-0.6b": ("Qwen3ForCausalLM", 0.596), "qwen3-8b": ("Qwen3ForCausalLM", 8.19),
-                "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 30.5), "deepseek-v2-lite": ("DeepseekV2ForCausalLM", 15.7)}
-    assert set(expected) == set(gpu_models.MODELS)
+                "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 30.5),
+                "deepseek-v2-lite": ("DeepseekV2ForCausalLM", 15.7)}
+    assert set(expected) == set(common.MODELS)
     for name, (cls, billions) in expected.items():
-        model = gpu_models.hf_model(name, device="meta")
+        model = common.hf_model(name, device="meta")
         assert type(model).__name__ == cls
         assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, rel=0.01)
 
 
 def test_the_scripts_parse_their_flags():
-    args = decode_latency.parse_args(["--models", *gpu_models.MODELS, "--profile"])
-    assert args.batch_sizes == [1, 16, 32] and args.hf_output_len == 64 and args.profile_batch_sizes is None
+    args = decode_latency.parse_args(["--models", *common.MODELS, "--profile"])
+    assert args.batch_sizes == [1, 16, 32] and args.hf_output_len == 64
+    assert args.profile_batch_sizes is None
     args = throughput_offline.parse_args(["--model", "qwen3-30b-a3b", "--profile", "16"])
     assert args.profile == 16 and args.profile_start is None
-    assert gemm_overlap.parse_args([]).carveouts == [0, 8, 16, 32]
-    with pytest.raises(SystemExit):
-        gemm_overlap.parse_args(["--decode-only", "1"])
-
-
-def test_gemm_overlap_halves_write_the_rows_of_the_whole_batch():
-    """The decode-only case's two micro-batches: each half's attention rows (what its o_proj
-    reads) are the rows the whole batch's decode kernel writes for those sequences."""
-    step = attention_overlap.make_step(6, 37, 0, 2, device="cpu", dtype=torch.float32, heads=4, kv_heads=2,
-                                       head_dim=32)
-    whole = torch.full_like(step["q"], float("nan"))
-    attention_overlap.launchers(step, whole, num_sms=8)[0]()
-    seqs = torch.arange(6, dtype=torch.int32)
-    for part, lo in ((gemm_overlap.decode_part(step, seqs[:2], 2, 8), 0),
-                     (gemm_overlap.decode_part(step, seqs[2:], 4, 8), 2)):
-        part["attend"]()
-        assert part["rows"] == part["attn_rows"].shape[0]
-        torch.testing.assert_close(part["attn_rows"], whole[lo : lo + part["rows"]].reshape(part["rows"], -1))
 
 
 def test_gemv_config_overrides_replace_table_entries(monkeypatch):
-    from atom_core.ops.triton import gemv_config
+    from atom_kernels_triton import gemv_config
 
     monkeypatch.setattr(gemv_config, "TUNED", {k: dict(v) for k, v in gemv_config.TUNED.items()})
     args = decode_latency.parse_args(
         ["--gemv-config", "1024,2048,1=4,512,1", "--gemv-config", "4096,4096,16=cublas",
          "--gemv-config", "7,9,4=16,64,2,8,4", "--gemv-config", "6144,4096,32=128,128,2,4,4"])
-    applied = gpu_models.apply_overrides(gemv_config.TUNED, gpu_models.parse_gemv_override, args.gemv_config)
+    applied = decode_latency.apply_overrides(gemv_config.TUNED, decode_latency.parse_gemv_override,
+                                             args.gemv_config)
     assert gemv_config.get_config(1, 1024, 2048, 2) == {
         "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
     assert gemv_config.get_config(16, 4096, 4096, 2) is None  # the op calls cuBLAS
@@ -202,22 +190,24 @@ def test_gemv_config_overrides_replace_table_entries(monkeypatch):
         "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4}
     assert applied["4096,4096,16"] is None
     assert set(applied) == {"1024,2048,1", "4096,4096,16", "7,9,4", "6144,4096,32"}
-    for bad in ("1024,2048=4,512,1", "1024,2048,3=4,512,1", "1024,2048,64=4,512,1", "1024,2048,1=4,512", "x"):
+    for bad in ("1024,2048=4,512,1", "1024,2048,3=4,512,1", "1024,2048,64=4,512,1",
+                "1024,2048,1=4,512", "x"):
         with pytest.raises(SystemExit):
             decode_latency.parse_args(["--gemv-config", bad])
 
 
 def test_randomize_schemes():
     model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(8, 16))
-    gpu_models.randomize(model)  # normal: matrices drawn, vectors 1
+    common.randomize(model)  # normal: matrices drawn, vectors 1
     assert model[0].weight.std() > 0.005 and torch.equal(model[0].bias, torch.ones(16))
-    gpu_models.randomize(model, scheme="vllm")
+    common.randomize(model, scheme="vllm")
     for p in model.parameters():  # every floating parameter, vectors included
         assert p.abs().max() <= 1e-3 and p.std() > 1e-4
     # vLLM's loader reseeds for each parameter: equal sizes get equal values.
-    assert torch.equal(model[0].weight, model[2].weight) and torch.equal(model[0].bias, model[1].weight)
+    assert torch.equal(model[0].weight, model[2].weight)
+    assert torch.equal(model[0].bias, model[1].weight)
     with pytest.raises(ValueError, match="weight scheme"):
-        gpu_models.randomize(model, scheme="xavier")
+        common.randomize(model, scheme="xavier")
     assert decode_latency.parse_args(["--weights", "vllm"]).weights == "vllm"
     with pytest.raises(SystemExit):
         decode_latency.parse_args(["--weights", "xavier"])
@@ -230,8 +220,9 @@ def test_tied_routers_send_every_token_to_the_same_experts(build):
         engine, cfg = build(kind)
         before = {n: p.clone() for n, p in engine.runner.model.named_parameters()}
         try:
-            assert gpu_models.tie_routers(engine.runner.model) == 2
-            touched = gpu_models.touched_experts(engine, gpu_models.random_prompts(3, 8, cfg["vocab_size"], 1), steps=3)
+            assert common.tie_routers(engine.runner.model) == 2
+            prompts = common.random_prompts(3, 8, cfg["vocab_size"], 1)
+            touched = common.touched_experts(engine, prompts, steps=3)
             assert list(touched.values()) == [2.0, 2.0]
         finally:
             with torch.no_grad():
@@ -240,37 +231,32 @@ def test_tied_routers_send_every_token_to_the_same_experts(build):
 
 
 def test_tie_routers_finds_transformers_routers_and_refuses_a_dense_model():
-    assert gpu_models.tie_routers(gpu_models.hf_model("deepseek-v2-lite", device="meta")) == 26
-    assert gpu_models.tie_routers(gpu_models.hf_model("qwen3-30b-a3b", device="meta")) == 48
+    assert common.tie_routers(common.hf_model("deepseek-v2-lite", device="meta")) == 26
+    assert common.tie_routers(common.hf_model("qwen3-30b-a3b", device="meta")) == 48
     with pytest.raises(ValueError, match="no MoE router"):
-        gpu_models.tie_routers(gpu_models.hf_model("qwen3-0.6b", device="meta"))
+        common.tie_routers(common.hf_model("qwen3-0.6b", device="meta"))
     assert decode_latency.parse_args(["--routing", "tied"]).routing == "tied"
     with pytest.raises(SystemExit):
         decode_latency.parse_args(["--routing", "uniform"])
 
 
-def test_vllms_bf16_scores_tie_on_its_dummy_weights():
-    """vLLM's DeepSeek router arithmetic on its dummy weights: one expert set for the whole
-    batch (top-k of 64 equal scores); the same logits scored in fp32 stay apart."""
-    res = vllm_dummy_routing.run("deepseek-v2-lite", tokens=16, trials=2, seed=0)
-    assert res["vllm_bf16"]["distinct_sets_max"] == 1 and res["vllm_bf16"]["experts_touched_mean"] == 6
-    assert res["vllm_bf16"]["min_ties_with_best"] == 64
-    assert res["fp32"]["distinct_sets_max"] == 16 and res["fp32"]["min_ties_with_best"] == 1
-
-
 def test_moe_config_overrides_replace_table_entries(monkeypatch):
-    from atom_core.ops.triton import fused_moe_config
+    from atom_kernels_triton import fused_moe_config
 
-    monkeypatch.setattr(fused_moe_config, "TUNED", {k: dict(v) for k, v in fused_moe_config.TUNED.items()})
-    args = decode_latency.parse_args(["--moe-config", "2048,768,32=16,64,256,4,2", "--moe-config", "64,32,8=16,32,64,2,3"])
-    applied = gpu_models.apply_overrides(fused_moe_config.TUNED, gpu_models.parse_moe_override, args.moe_config)
+    monkeypatch.setattr(fused_moe_config, "TUNED",
+                        {k: dict(v) for k, v in fused_moe_config.TUNED.items()})
+    args = decode_latency.parse_args(["--moe-config", "2048,768,32=16,64,256,4,2",
+                                      "--moe-config", "64,32,8=16,32,64,2,3"])
+    applied = decode_latency.apply_overrides(fused_moe_config.TUNED,
+                                             decode_latency.parse_moe_override, args.moe_config)
     assert fused_moe_config.get_config(20, 8, 128, 2048, 768) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
     assert fused_moe_config.get_config(5, 2, 8, 64, 32)["BLOCK_K"] == 64  # a shape the table lacked
     assert set(applied) == {"2048,768,32", "64,32,8"}
     # The launch forms: PERSISTENT's programs an SM, then OVERLAP as a flag.
-    assert gpu_models.parse_moe_override("2048,768,32=16,32,128,2,3,0,1")[1] == {
-        "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 2, "num_stages": 3, "PERSISTENT": 0, "OVERLAP": True}
+    assert decode_latency.parse_moe_override("2048,768,32=16,32,128,2,3,0,1")[1] == {
+        "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 2, "num_stages": 3,
+        "PERSISTENT": 0, "OVERLAP": True}
     for bad in ("2048,768=16,64,256,4,2", "2048,768,24=16,64,256,4,2", "2048,768,32=16,64,256", "x",
                 "2048,768,32=16,32,128,2,3,0,1,1"):
         with pytest.raises(SystemExit):
@@ -288,31 +274,34 @@ def test_decode_latency_prefills_each_batch_in_one_step():
 def test_params_per_token_counts_the_matrices_a_token_multiplies(build):
     # Qwen3-8B by hand: 36 layers of q/k/v, o_proj, gate/up and down; norms are vectors, and
     # the embedding and the LM head are left out.
-    model = gpu_models.hf_model("qwen3-8b", device="meta")
-    assert gpu_models.params_per_token(model) == 36 * (4096 * 6144 + 4096 * 4096 + 4096 * 24576 + 12288 * 4096)
+    model = common.hf_model("qwen3-8b", device="meta")
+    per_layer = 4096 * 6144 + 4096 * 4096 + 4096 * 24576 + 12288 * 4096
+    assert common.params_per_token(model) == 36 * per_layer
     # Each routed expert a token picks adds its 3 * H * I weights in each of the two MoE layers.
     for kind in ARCH:
         engine, cfg = build(kind)
         model, k = engine.runner.model, cfg["num_experts_per_tok"]
-        extra = gpu_models.params_per_token(model, k) - gpu_models.params_per_token(model, 0)
+        extra = common.params_per_token(model, k) - common.params_per_token(model, 0)
         assert extra == 2 * k * 3 * 64 * 32
 
 
 def test_offline_floor_by_hand():
-    f = gpu_models.offline_floor(2, 4, 3, params=10, head_params=5, kv_per_token=7, gemm_flops=1e3, copy_bw=1e2)
+    f = common.offline_floor(2, 4, 3, params=10, head_params=5, kv_per_token=7, gemm_flops=1e3,
+                             copy_bw=1e2)
     # 2 x (4 + 3 - 1) tokens forwarded x 2 x 10 FLOP, the LM head 2 x 3 sampled x 2 x 5: 300 FLOP.
     assert f["gemm_s"] == pytest.approx(0.3)
     # The two decode tokens of each prompt see 5 and 6 tokens of 7 bytes: 154 bytes.
     assert f["kv_s"] == pytest.approx(1.54)
     assert f["floor_s"] == pytest.approx(1.84) and f["floor_tok_s"] == pytest.approx(14 / 1.84)
     # The offline benchmark's run: 20.9 TB of decode KV for Qwen3-8B (147,456 bytes a token).
-    kv = gpu_models.kv_bytes_per_token(gpu_models.load_config("qwen3-8b"))
-    f = gpu_models.offline_floor(1024, 1024, 128, 1, 0, kv, 1.0, 1.0)
+    kv = common.kv_bytes_per_token(common.load_config("qwen3-8b"))
+    f = common.offline_floor(1024, 1024, 128, 1, 0, kv, 1.0, 1.0)
     assert f["kv_tb"] == pytest.approx(1024 * 127 * 1088 * 147456 / 1e12)
 
 
 def test_offline_report_prints_the_floor_beside_the_run(capsys):
-    floor = gpu_models.offline_floor(1024, 1024, 128, 6_945_767_424, 4096 * 151936, 147456, 666e12, 4.27e12)
+    floor = common.offline_floor(1024, 1024, 128, 6_945_767_424, 4096 * 151936, 147456, 666e12,
+                                 4.27e12)
     results = {
         "atom": {"num_prompts": 1024, "wall_s": 33.0, "total_tok_s": 35_747, "output_tok_s": 3_972,
                  "steps": {"prefill": {"steps": 66, "wall_s": 25.0, "ms_per_step": 378.8},
@@ -324,27 +313,3 @@ def test_offline_report_prints_the_floor_beside_the_run(capsys):
     assert f"| floor: GEMMs + KV reads only | 1024 | {floor['floor_s']:.1f} |" in out
     assert f"ATOM at {floor['floor_s'] / 33.0:.0%} of it" in out
     assert 29.0 < floor["floor_s"] < 30.0  # 24.6 s of GEMM at 666 TFLOP/s + 4.9 s of KV
-
-
-def test_attention_overlap_lays_out_a_mixed_step_the_kernels_compute_right():
-    """The overlap bench's step, its two kernels in series through the interpreter: every row
-    written, and equal to attention computed per sequence from the paged cache in float64."""
-    step = attention_overlap.make_step(3, 37, 2, 21, device="cpu", dtype=torch.float32, heads=4, kv_heads=2,
-                                       head_dim=32)
-    assert step["block_tables"].shape[1] % 16 == 0 and step["prefills"].data_ptr() % 16 == 0
-    out = torch.full_like(step["q"], float("nan"))
-    decode, prefill = attention_overlap.launchers(step, out, num_sms=8)
-    decode()
-    prefill()
-    cache, tables, qsl = step["kv_cache"].double(), step["block_tables"], step["query_start_loc"].tolist()
-    for i, n in enumerate(step["seq_lens"].tolist()):
-        blocks = tables[i, : -(-n // attention_overlap.BLOCK_SIZE)].long()
-        k, v = (cache[j][blocks].flatten(0, 1)[:n].repeat_interleave(2, dim=1) for j in (0, 1))  # [n, 4, 32]
-        q = step["q"][qsl[i] : qsl[i + 1]].double()
-        pos = torch.arange(n - q.shape[0], n)
-        scores = torch.einsum("qhd,khd->hqk", q, k) * step["scale"]
-        scores = scores.masked_fill(torch.arange(n)[None, None, :] > pos[None, :, None], float("-inf"))
-        want = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
-        torch.testing.assert_close(out[qsl[i] : qsl[i + 1]].double(), want, atol=1e-4, rtol=1e-4)
-    with pytest.raises(SystemExit):
-        attention_overlap.parse_args(["--decodes", "0"])
