@@ -20,7 +20,7 @@ PLUGIN_DISTS = {
 }
 
 FORMAT_PLUGIN = """
-from atom_core.entrypoints.openai.tool_parser.base import ToolFormat
+from atom_core.parsing import ToolFormat
 from atom_core.hookspecs import hookimpl
 
 class Fmt(ToolFormat):

@@ -67,8 +67,8 @@ def _tools(path: Path | None) -> list[Any] | None:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-    from atom_core.entrypoints.openai.chat_encoders import load_chat_encoder
-    from atom_core.entrypoints.openai.tool_parser.response import ResponseParser
+    from atom_core.parsing.chat_encoders import load_chat_encoder
+    from atom_core.parsing.response import ResponseParser
 
     if args.chunk_size < 0:
         raise ConfigError("--chunk-size must be 0 (whole) or positive")

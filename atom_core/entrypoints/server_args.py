@@ -50,7 +50,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_limit_args(parser: argparse.ArgumentParser) -> None:
     """What one request may ask of the server (enforced in entrypoints/admission.py and
-    http_guards.py)."""
+    http/guards.py)."""
     g = parser.add_argument_group("request limits")
     g.add_argument(
         "--max-request-body-bytes", type=_positive(int), default=64 * 2**20, metavar="BYTES",

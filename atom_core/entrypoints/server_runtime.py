@@ -1,4 +1,4 @@
-"""``atom serve``: the HTTP app (openai_server.build_app) run under uvicorn, and the process
+"""``atom serve``: the HTTP app (http/app.build_app) run under uvicorn, and the process
 around it: start-up errors, signals, shutdown, exit codes and the HTTP connections.
 
     atom serve [--model PATH] [--server-port 8000] [engine flags]
@@ -34,7 +34,7 @@ from safetensors import SafetensorError, safe_open
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from atom_core.entrypoints.openai_server import build_app
+from atom_core.entrypoints.http.app import build_app
 from atom_core.entrypoints.server_args import add_server_args
 from atom_core.errors import AtomError, ConfigError
 from atom_core.loader import hf_dir

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from atom_core.entrypoints.cli import main
-from tests.entrypoints.shared_templates import template_path
+from tests.parsing.shared_templates import template_path
 
 OUTPUT = (
     "<think>The user wants weather.</think>Let me check.\n"

@@ -21,7 +21,7 @@ import pytest
 
 from atom_core.entrypoints.server_process import ServerProcess, free_port
 from atom_core.testing.tiny_models import build_tokenizer
-from tests.entrypoints.shared_templates import template_path
+from tests.parsing.shared_templates import template_path
 from tests.plugin_dists import pip_install
 from tests.replay_plugin.atom_replay_model.checkpoint import write_replay_model, write_script
 

@@ -9,8 +9,8 @@ import argparse
 
 import httpx
 import pytest
-from atom_core.entrypoints.openai_server import build_app
 
+from atom_core.entrypoints.http.app import build_app
 from atom_core.entrypoints.server_args import add_server_args
 from atom_core.testing.tiny_models import tiny_model_dir
 from tests.reliability.conftest import API_KEY, SERVER_FLAGS

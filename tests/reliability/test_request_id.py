@@ -12,8 +12,8 @@ import uuid
 import httpx
 import pytest
 
-from atom_core.entrypoints.openai.errors_http import install_error_handlers
-from atom_core.entrypoints.openai_server import AtomApp
+from atom_core.entrypoints.http.app import AtomApp
+from atom_core.entrypoints.http.errors import install_error_handlers
 from tests.reliability.conftest import AUTH
 from tests.reliability.engine_gauges import send_raw, wait_until_idle, wait_until_running
 

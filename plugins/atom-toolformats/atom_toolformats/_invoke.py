@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from atom_core.entrypoints.openai.tool_parser.base import ToolCall
+from atom_core.parsing import ToolCall
 from atom_toolformats._syntax import read_attrs, valid_name
 
 

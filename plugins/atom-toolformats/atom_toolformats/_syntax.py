@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.partial_json import PartialStr, parse_json_prefix
+from atom_core.parsing import PartialStr, parse_json_prefix
 
 NAME = re.compile(r"\w[\w.\-:]{0,127}")
 # How far past a name's start its terminator may be. Searching no further keeps a region

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing import RegionParse, ToolCall, ToolFormat
 from atom_toolformats._syntax import NAME_WINDOW, json_arguments, read_json, skip_ws, valid_name
 
 CALLS, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"

@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolFormat
-from atom_core.entrypoints.openai.tool_parser.partial_json import parse_json_prefix
+from atom_core.parsing import RegionParse, ToolFormat, parse_json_prefix
 from atom_toolformats._invoke import InvokeTags, read_invoke, read_params
 from atom_toolformats._syntax import json_arguments, read_json, skip_ws
 

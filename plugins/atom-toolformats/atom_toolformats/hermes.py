@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
-from atom_core.entrypoints.openai.tool_parser.partial_json import PartialStr
+from atom_core.parsing import PartialStr, RegionParse, ToolCall, ToolFormat
 from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

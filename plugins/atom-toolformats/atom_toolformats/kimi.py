@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing import RegionParse, ToolCall, ToolFormat
 from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
 
 SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"

@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.reasoning_dialects import ReasoningDialect
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing import ReasoningDialect, RegionParse, ToolCall, ToolFormat
 from atom_toolformats import kimi_k3_tokens as tok
 from atom_toolformats._syntax import NAME_WINDOW, json_arguments, read_json, skip_ws, valid_name
 

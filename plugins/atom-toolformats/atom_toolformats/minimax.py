@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolFormat
+from atom_core.parsing import RegionParse, ToolFormat
 from atom_toolformats._invoke import InvokeTags, read_invoke, read_params
 from atom_toolformats._syntax import render_value, skip_ws
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing import RegionParse, ToolCall, ToolFormat
 from atom_toolformats._syntax import (
     NAME_WINDOW,
     first_of,

@@ -6,7 +6,7 @@ Templates that open the block in their generation prompt (DeepSeek-R1's ends wit
 
 from __future__ import annotations
 
-from atom_core.entrypoints.openai.reasoning_dialects import ReasoningDialect
+from atom_core.parsing import ReasoningDialect
 
 
 class ThinkDialect(ReasoningDialect):

@@ -8,7 +8,7 @@ import json
 import pytest
 from atom_toolformats.hooks import FORMATS
 
-from atom_core.entrypoints.openai.tool_parser.response import ResponseParser
+from atom_core.parsing.response import ResponseParser
 
 ARGS = {"city": "Paris", "days": 3, "units": {"temp": "C"}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

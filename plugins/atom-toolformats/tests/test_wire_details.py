@@ -12,7 +12,7 @@ from atom_toolformats.kimi_k3 import KimiK3Dialect, KimiK3Format
 from atom_toolformats.minimax import MiniMaxFormat
 from atom_toolformats.qwen import QwenCoderFormat
 
-from atom_core.entrypoints.openai.tool_parser.response import ResponseParser
+from atom_core.parsing.response import ResponseParser
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}, "b": {"type": "boolean"}}}}}]

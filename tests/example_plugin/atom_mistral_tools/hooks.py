@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atom_core.entrypoints.openai.tool_parser.base import RegionParse, ToolCall, ToolFormat
 from atom_core.hookspecs import hookimpl
+from atom_core.parsing import RegionParse, ToolCall, ToolFormat
 
 MARKER = "[TOOL_CALLS]"
 

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API (POST /v1/messages)."""

@@ -1,0 +1,172 @@
+"""The HTTP app (FastAPI) in front of the engine process: OpenAI's and Anthropic's routes,
+health, metrics and profiling. ``server_runtime`` runs it under uvicorn.
+
+Every request passes, outermost first: X-Request-Id (request_id), the API key and the body
+size (guards), then, on the generation routes, admission, disconnect and timeout
+(admission); all pure ASGI middleware."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp
+
+from atom_core import __version__
+from atom_core.engine.annotations import profiler_timeout
+from atom_core.engine.arg_utils import EngineArgs
+from atom_core.engine.client import EngineClient
+from atom_core.entrypoints.http.admission import (
+    AdmissionQueue,
+    FirstTokenWatch,
+    GenerationGuard,
+    RequestLimits,
+)
+from atom_core.entrypoints.http.anthropic.messages import AnthropicServingMessages
+from atom_core.entrypoints.http.errors import error_response, install_error_handlers
+from atom_core.entrypoints.http.guards import ApiKeyMiddleware, BodySizeLimitMiddleware
+from atom_core.entrypoints.http.json_body import JSONBodyRoute
+from atom_core.entrypoints.http.metrics import ServerMetrics
+from atom_core.entrypoints.http.openai.chat import (
+    OpenAIServingChat,
+    check_parser_names,
+    resolve_chat_parser,
+)
+from atom_core.entrypoints.http.openai.completions import OpenAIServingCompletion
+from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest, CompletionRequest
+from atom_core.entrypoints.http.openapi import install_openapi
+from atom_core.entrypoints.http.request_id import RequestIdMiddleware, install_log_filter
+from atom_core.errors import AtomError, EngineDeadError
+
+logger = logging.getLogger("atom.server")
+
+
+class AtomApp(FastAPI):
+    """FastAPI with X-Request-Id outside its error middleware, so that a 500 carries the
+    id and its log line names it."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return RequestIdMiddleware(super().build_middleware_stack())
+
+
+def build_app(
+    args: argparse.Namespace, on_engine_death: Callable[[str], None] | None = None
+) -> FastAPI:
+    """The app; ``on_engine_death(reason)`` is called once if the engine process dies."""
+    config = EngineArgs.from_cli_args(args).create_config()
+    stop_timeout = profiler_timeout()  # ATOM_PROFILER_TIMEOUT; a bad value fails at start-up
+    check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
+    limits = RequestLimits.from_args(args)
+    queue = AdmissionQueue(limits.max_queued) if limits.max_queued is not None else None
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = EngineClient(config, args.served_model_name)  # the engine starts loading
+        try:
+            # Resolved once, from the chat template, while the engine loads (and logged).
+            parser, encoder = resolve_chat_parser(
+                client, config.model_config.model, args.tool_call_parser, args.reasoning_parser
+            )
+            await client.start()
+        except BaseException:
+            client.abandon()
+            raise
+        if on_engine_death is not None:
+            client.death_listeners.append(on_engine_death)
+        metrics = ServerMetrics(client.model_name)
+        client.stats_listeners.append(metrics.on_stats)
+        client.finish_listeners.append(metrics.on_finished)
+        # The handlers' engine: with a bounded queue, one that marks each first token.
+        engine = FirstTokenWatch(client) if queue is not None else client
+        chat = OpenAIServingChat(engine, parser=parser, encoder=encoder)
+        state.update(client=client, metrics=metrics, chat=chat,
+                     messages=AnthropicServingMessages(chat),
+                     completion=OpenAIServingCompletion(engine))
+        app.state.engine_client = client  # server_runtime aborts what a shutdown's drain left
+        remove_log_filter = install_log_filter()  # uvicorn's logging is configured by now
+        logger.info("serving %s on http://%s:%d", client.model_name, args.host, args.server_port)
+        try:
+            yield
+        finally:
+            remove_log_filter()
+            await client.shutdown()
+
+    app = AtomApp(title="ATOM", version=__version__, lifespan=lifespan)
+    install_error_handlers(app)
+    app.router.route_class = JSONBodyRoute  # bodies parsed in ms, not 100 ms of the loop
+    install_openapi(app)
+    # add_middleware puts each one outside the ones before it.
+    app.add_middleware(GenerationGuard, limits=limits, queue=queue)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=args.max_request_body_bytes)
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+
+    def timed(response: Response, request_id: str) -> Response:
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = state["metrics"].timed_frames(request_id, response.body_iterator)
+        return response
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        limits.check(1, request.n)
+        return timed(await state["chat"].create(request, raw_request), "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        limits.check(len(request.prompt), request.n)
+        return timed(await state["completion"].create(request, raw_request), "completion")
+
+    @app.post("/v1/messages")
+    async def messages(raw_request: Request) -> Response:
+        # The body is parsed by the handler: its errors are Anthropic-shaped.
+        return timed(await state["messages"].handle(raw_request), "messages")
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        client = state["client"]
+        card = {"id": client.model_name, "object": "model", "created": 0, "owned_by": "atom",
+                "root": client.model_name, "max_model_len": client.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        client = state["client"]
+        if not client.is_healthy:
+            return error_response(EngineDeadError(client.dead_reason or "engine process exited"))
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": __version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state["metrics"].render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def profile(command: str) -> Response:
+        try:
+            reply = await state["client"].control(command, timeout=stop_timeout)
+        except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
+            return error_response(
+                EngineDeadError(f"{command} did not finish within {stop_timeout:g} s (ATOM_PROFILER_TIMEOUT)")
+            )
+        if not reply.ok:
+            return error_response(AtomError(reply.message), status=400)
+        return JSONResponse({"status": "ok", "message": reply.message})
+
+    @app.post("/start_profile")
+    async def start_profile() -> Response:
+        return await profile("start_profile")
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> Response:
+        return await profile("stop_profile")
+
+    return app

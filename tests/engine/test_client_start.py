@@ -1,0 +1,94 @@
+"""EngineClient starts the engine process before it loads the tokenizer; a start-up that
+fails after that leaves no engine process and no link directory behind."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from atom_core.engine import client as engine_client
+from atom_core.engine.arg_utils import EngineArgs
+from atom_core.errors import ConfigError
+from atom_core.testing.tiny_models import tiny_model_dir
+
+
+def config_for(model, *extra: str):
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--model", str(model), *extra])
+    return EngineArgs.from_cli_args(args).create_config()
+
+
+def engines() -> list:
+    return [p for p in multiprocessing.active_children() if p.name == "atom-engine-core"]
+
+
+def test_a_model_without_a_tokenizer_fails_and_kills_the_started_engine(tmp_path, monkeypatch):
+    model = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_model_dir("llama"), model)
+    for f in model.glob("*token*"):
+        f.unlink()
+    started = []
+    real = engine_client.load_tokenizer
+
+    def load_tokenizer(config):
+        started.extend(engines())  # the engine process is already running here
+        return real(config)
+
+    monkeypatch.setattr(engine_client, "load_tokenizer", load_tokenizer)
+    links = []
+    real_link = engine_client.LinkServer
+
+    def link_server():
+        links.append(real_link())
+        return links[-1]
+
+    monkeypatch.setattr(engine_client, "LinkServer", link_server)
+    with pytest.raises(ConfigError, match="needs a tokenizer"):
+        engine_client.EngineClient(config_for(model, "--device", "cpu"))
+    assert len(started) == 1
+    assert not started[0].is_alive() and engines() == []
+    assert len(links) == 1 and not Path(links[0].dir).exists()
+
+
+def test_a_failed_start_can_be_abandoned():
+    """What the server's lifespan does when resolving the chat parser or waiting for the
+    engine fails: the engine, possibly still loading, is killed and the link removed."""
+    config = config_for(tiny_model_dir("llama"), "--device", "cpu")
+    client = engine_client.EngineClient(config)
+    link_dir = Path(client._link.dir)
+    assert client.process.is_alive() and client.tokenizer is not None
+    assert stat.S_IMODE(link_dir.stat().st_mode) == 0o700
+    assert sorted(p.name for p in link_dir.iterdir()) == ["from-engine", "to-engine"]
+    t = time.monotonic()
+    client.abandon()
+    assert not client.process.is_alive() and engines() == []
+    assert time.monotonic() - t < 10
+    assert not link_dir.exists()
+    again = engine_client.EngineClient(config)  # a fresh link of its own
+    assert Path(again._link.dir) != link_dir
+    again.abandon()
+
+
+def test_the_engine_client_refuses_to_start_off_the_main_thread():
+    """The engine process dies with the thread that started it (PR_SET_PDEATHSIG): started
+    from a thread that ends, it would be killed under a live frontend."""
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            engine_client.EngineClient(config_for(tiny_model_dir("llama"), "--device", "cpu"))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+    assert "main thread" in str(errors[0]) and engines() == []
