@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from atom_kernels_triton.decode_attention import num_kv_splits, paged_decode_attention
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -18,7 +18,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-
 from atom_kernels_triton.mla_decode import MLADecodeConfig, mla_decode_attention, mla_num_splits
 
 sys.path.insert(0, str(Path(__file__).parent))
