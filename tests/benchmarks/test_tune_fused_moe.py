@@ -27,7 +27,8 @@ def test_shape_flag():
 def test_shared_experts_allow_taller_tiles():
     # 128 tokens x 6 of 64 experts is ~12 rows an expert (tiles up to 4 x 16 stay), but each
     # shared expert holds all 128: tiles up to the space's tallest stay candidates.
-    space = {"block_m": (16, 32, 64, 128), "block_n": (64,), "block_k": (128,), "warps": (4,), "stages": (3,)}
+    space = {"block_m": (16, 32, 64, 128), "block_n": (64,), "block_k": (128,), "warps": (4,),
+             "stages": (3,)}
     routed_only = {c["BLOCK_M"] for c in tune_fused_moe.candidates(128, 6, 64, 2, 0, space)}
     with_shared = {c["BLOCK_M"] for c in tune_fused_moe.candidates(128, 6, 64, 2, 2, space)}
     assert routed_only == {16, 32, 64} and with_shared == {16, 32, 64, 128}
