@@ -15,18 +15,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
+from types import ModuleType
 from typing import Any
 
 import pluggy
 
 from atom_core import hookspecs
 from atom_core.errors import AtomError, PluginConflictError
-from atom_core.registries import (
-    AttentionBackendInfo,
-    OpImpl,
-    Registries,
-    as_device_kinds,
-)
+from atom_core.registries import ExtensionPoint, Registries
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +32,7 @@ ENTRY_POINT_GROUP = "atom"
 # The core's own implementations, registered like any plugin (datasette's DEFAULT_PLUGINS).
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "atom_core.ops.native.plugin",
-    "atom_core.ops.triton.plugin",
     "atom_core.layers.attention.plugin",
-)
-
-HOOKS: tuple[str, ...] = (
-    "register_model_architectures",
-    "register_ops",
-    "register_attention_backends",
-    "register_spec_decode_proposers",
-    "register_tool_formats",
-    "register_reasoning_dialects",
 )
 
 
@@ -77,6 +63,10 @@ class Registrar:
         self._add = add
 
     def __call__(self, name: str, obj: Any, **options: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise PluginConflictError(
+                f"{self._report.name}: {self._hook} needs a non-empty string name, got {name!r}"
+            )
         registered_as = self._add(name, obj, self._report.name, **options)
         self._report.registered.setdefault(self._hook, []).append(registered_as)
 
@@ -101,52 +91,17 @@ def allowed_distributions() -> set[str] | None:
     return {canonical_name(p.strip()) for p in raw.split(",") if p.strip()}
 
 
-def _adders(reg: Registries) -> dict[str, Callable[..., str]]:
-    def arch(name: str, cls: Any, dist: str) -> str:
-        reg.architectures.add(name, cls, dist)
-        return name
-
-    def op(
-        name: str,
-        fn: Any,
-        dist: str,
-        *,
-        provider: str,
-        device_kinds: str | tuple[str, ...] = ("cpu", "cuda", "hip"),
-        priority: int = 0,
-    ) -> str:
-        reg.ops.add(OpImpl(name, fn, provider, as_device_kinds(device_kinds), priority, dist))
-        return f"{name}[{provider}]"
-
-    def attention(
-        name: str,
-        cls: Any,
-        dist: str,
-        *,
-        device_kinds: str | tuple[str, ...] = ("cpu", "cuda", "hip"),
-        kind: str = "mha",
-        priority: int = 0,
-    ) -> str:
-        reg.attention_backends.add(
-            AttentionBackendInfo(name, cls, as_device_kinds(device_kinds), kind, priority, dist)
-        )
-        return name
-
-    def named(registry: Any) -> Callable[..., str]:
-        def add(name: str, obj: Any, dist: str) -> str:
-            registry.add(name, obj, dist)
-            return name
-
-        return add
-
-    return {
-        "register_model_architectures": arch,
-        "register_ops": op,
-        "register_attention_backends": attention,
-        "register_spec_decode_proposers": named(reg.proposers),
-        "register_tool_formats": named(reg.tool_formats),
-        "register_reasoning_dialects": named(reg.reasoning_dialects),
-    }
+def extension_points(specs: ModuleType = hookspecs) -> list[ExtensionPoint]:
+    """The hooks ``specs`` declares with ``@extension_point``, in the order declared (the
+    order they are called in)."""
+    points = []
+    for name, obj in vars(specs).items():
+        point = getattr(obj, "atom_extension_point", None)
+        if isinstance(point, ExtensionPoint):
+            points.append(point)
+        elif getattr(obj, f"{hookspecs.hookspec.project_name}_spec", None) is not None:
+            raise TypeError(f"hook {name} has no registry: declare it with @extension_point")
+    return points
 
 
 @dataclass
@@ -197,12 +152,13 @@ def build_plugin_state() -> PluginState:
         owners[module_name] = core
     _load_installed(pm, owners, reports)
 
-    registries = Registries()
-    adders = _adders(registries)
-    for hook in HOOKS:
+    points = extension_points()
+    registries = Registries(points)
+    for point in points:
+        hook = point.hook
         for impl in getattr(pm.hook, hook).get_hookimpls():
             report = owners[impl.plugin_name]
-            registrar = Registrar(hook, report, adders[hook])
+            registrar = Registrar(hook, report, registries.by_hook[hook].register)
             try:
                 impl.function(register=registrar)
             except AtomError:

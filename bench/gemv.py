@@ -17,7 +17,7 @@ today: ``TUNED`` if it has the shape, else the default heuristic), beside the co
 (read + write) measured in the same run. Projections the model runs as a fused op (the
 pre-norm's ``rms_norm_linear``, the gated MLP's ``silu_and_mul_linear``) also time that op
 against its two ops ("fused us", "2 ops us"), as the model calls them. Prints ``TUNED``
-entries for ``atom_core/ops/triton/gemv_config.py`` and writes every timing to ``--json``;
+entries for ``atom_kernels_triton/gemv_config.py`` and writes every timing to ``--json``;
 ``--table-from`` prints the entries of stored runs merged (later files win), no GPU needed.
 ``--rows 32`` sweeps the 32-row tile (``gemv_config.WIDE_ROWS``) on every projection, each
 candidate put in the table while it is timed (the op serves 32 rows only where the table has
@@ -43,11 +43,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_timing import graph_us  # noqa: E402
-
-from atom_core.ops.triton.activation import silu_and_mul  # noqa: E402
-from atom_core.ops.triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
-from atom_core.ops.triton.gemv_config import (  # noqa: E402
+from atom_kernels_triton.activation import silu_and_mul  # noqa: E402
+from atom_kernels_triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
+from atom_kernels_triton.gemv_config import (  # noqa: E402
     IN_MODEL,
     MAX_ROWS,
     TUNED,
@@ -55,7 +53,8 @@ from atom_core.ops.triton.gemv_config import (  # noqa: E402
     GemvConfig,
     get_config,
 )
-from atom_core.ops.triton.norm import fused_add_rms_norm  # noqa: E402
+from atom_kernels_triton.norm import fused_add_rms_norm  # noqa: E402
+from gpu_timing import graph_us  # noqa: E402
 
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -372,7 +371,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     print(f"\n{len(results)} points in {time.time() - start:.0f} s")
     print("\n".join(step_summary(results)))
-    print("\n# TUNED entries for atom_core/ops/triton/gemv_config.py:\n" + "\n".join(tuned_entries(results)))
+    print("\n# TUNED entries for atom_kernels_triton/gemv_config.py:\n" + "\n".join(tuned_entries(results)))
     report = {
         "machine": machine(), "dtype": args.dtype, "calls_per_graph": args.calls,
         "copy_bandwidth_tbs": copy_bw / 1e12, "results": results,

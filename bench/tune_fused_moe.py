@@ -13,7 +13,7 @@ each holds T rows, not T*k/E. Each config is timed on the whole op
 runs that way, on softmax-top-k routing of random logits; a config whose output is off
 the native reference, or that does not compile (shared memory), is skipped. Prints the
 best per batch size and a ``TUNED[(H, I)] = {...}`` entry for
-``atom_core/ops/triton/fused_moe_config.py``; ``--json`` keeps every timing. The table's
+``atom_kernels_triton/fused_moe_config.py``; ``--json`` keeps every timing. The table's
 launch forms (``PERSISTENT``, ``OVERLAP``) were chosen in the model, not here; ``--overlap``
 times every candidate with ``OVERLAP`` on, as the decode buckets past one token run.
 """
@@ -33,9 +33,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from atom_kernels_triton.fused_moe import fused_moe  # noqa: E402
+from atom_kernels_triton.fused_moe_config import MoeConfig  # noqa: E402
+
 from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
-from atom_core.ops.triton.fused_moe import fused_moe  # noqa: E402
-from atom_core.ops.triton.fused_moe_config import MoeConfig  # noqa: E402
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -180,7 +181,7 @@ def main() -> None:
                              overlap=args.overlap)
         report["shapes"]["E={},k={},H={},I={},shared={}".format(*shape)] = {str(t): r for t, r in results.items()}
         entries.append(table_entry(shape[2], shape[3], results))
-    print("\n# for atom_core/ops/triton/fused_moe_config.py:\n" + "\n".join(entries))
+    print("\n# for atom_kernels_triton/fused_moe_config.py:\n" + "\n".join(entries))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.json}")

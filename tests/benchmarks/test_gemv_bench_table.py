@@ -14,8 +14,7 @@ pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gemv  # noqa: E402
 import router_gemv  # noqa: E402
-
-from atom_core.ops.triton.gemv_config import GemvConfig  # noqa: E402
+from atom_kernels_triton.gemv_config import GemvConfig  # noqa: E402
 
 CFG = GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2)
 CFG2 = GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3)
@@ -118,8 +117,7 @@ def test_a_32_row_pick_is_a_comment_until_checked_in_the_model():
 
 def test_a_candidate_sits_in_the_table_only_while_it_is_timed():
     import torch
-
-    from atom_core.ops.triton import gemv as gemv_op
+    from atom_kernels_triton import gemv as gemv_op
 
     x, w = torch.randn(32, 2048), torch.randn(2048, 2048, dtype=torch.bfloat16)
     x = x.to(torch.bfloat16)

@@ -1,5 +1,5 @@
-"""Registers the attention backends: native (MHA) and native_mla (every device, priority 0)
-and, where triton and a GPU are present, triton (MHA) and triton_mla (cuda/hip, priority 10)."""
+"""Registers the core's attention backends: native (MHA) and native_mla, on every device at
+priority 0 (kernel plugins register faster ones above them)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,3 @@ def register_attention_backends(register):
     register(
         "native_mla", NativeMLABackend, device_kinds=("cpu", "cuda", "hip"), kind="mla", priority=0
     )
-    from atom_core.ops.triton.plugin import TRITON_DEVICE_KINDS, TRITON_PRIORITY, usable
-
-    if usable():
-        from atom_core.layers.attention.mla_triton import TritonMLABackend
-        from atom_core.layers.attention.triton_backend import TritonAttentionBackend
-
-        register(
-            "triton", TritonAttentionBackend, device_kinds=TRITON_DEVICE_KINDS, kind="mha",
-            priority=TRITON_PRIORITY,
-        )
-        register(
-            "triton_mla", TritonMLABackend, device_kinds=TRITON_DEVICE_KINDS, kind="mla",
-            priority=TRITON_PRIORITY,
-        )

@@ -1,0 +1,372 @@
+"""Paged decode attention: one query token per sequence, GQA-grouped, split over the KV.
+
+A program owns (sequence, kv head, split): the query heads sharing that kv head form the
+rows of one tile (padded to 16 for tl.dot), so each K/V tile is read once per group, not
+once per query head. Splits divide each sequence's context at run time (from the seq_lens
+tensor), so a fixed grid - what a CUDA graph needs - fills the GPU at batch 1 and short
+contexts leave the surplus splits empty. Partial results carry their log-sum-exp in fp32,
+and the last split of a (sequence, kv head) to finish merges them in the same launch: a
+second merge kernel cost ~2 us a layer (launch plus gap) in batch-1 decode graphs.
+
+Everything the kernels read about the batch is in tensors; nothing depends on host values
+but the grid, which depends only on tensor shapes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels_triton.pdl import pdl_options, pdl_wait
+from atom_kernels_triton.qk_norm_rope import norm_rope_rows
+
+# Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
+# leaves every counter it used back at 0 (the merging program resets it), so a buffer is
+# zeroed once at allocation and never again - a memset would be one more graph node. One
+# buffer serves every layer: layers run one after another on one stream, so no two
+# launches count in it at once. Buffers are never freed, because a captured CUDA graph
+# keeps the address it was captured with and replays against it.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+# From this many splits on, each program has a tile or two and the kernel is bound by its
+# chain of dependent loads: it loads its first tile before pdl_wait (``PRELOAD``). Measured
+# on an H200, that took Qwen3-0.6B's batch-1 step 1.017 -> 0.959 ms, but slowed batch 32
+# (2-4 splits of several tiles) by 25% in bench/decode_attention.py, and at 4 splits in the
+# model Qwen3-30B-A3B's batch-32 step went 14.41 -> 15.31 ms; fewer splits keep the plain loop.
+PRELOAD_MIN_SPLITS = 8
+
+
+def _counters(device: torch.device, needed: int) -> torch.Tensor:
+    capacity = max(64, triton.next_power_of_2(needed))  # few distinct buffers
+    buf = _COUNTERS.get((device, capacity))
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A zeros() here would be captured, not run: the buffer would start as garbage.
+            raise RuntimeError("decode attention counters must be allocated by a warm-up run outside graph capture")
+        buf = _COUNTERS[(device, capacity)] = torch.zeros(capacity, dtype=torch.int32, device=device)
+    return buf
+
+
+@triton.jit
+def _merge_splits(
+    po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask,
+    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Weights every written split by its share of the total softmax mass, in split order.
+
+    A fixed order makes the result independent of which program arrives last. Loads go
+    through L2 (.cg): the partials were written by other SMs.
+    """
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    smask = hmask[:, None] & (offs_s < n_active)[None, :]
+    lse = tl.load(plse_ptr + part0[:, None] + offs_s[None, :], mask=smask, other=float("-inf"),
+                  cache_modifier=".cg")
+    if BLOCK_S <= 4:
+        # Few splits: all partials in one load, issued with the lse's - one round trip for
+        # the merging program rather than one per split.
+        parts = ((part0[:, None] + offs_s[None, :]) * BLOCK_D)[:, :, None] + offs_d[None, None, :]
+        o = tl.load(po_ptr + parts, mask=smask[:, :, None] & omask[:, None, :], other=0.0, cache_modifier=".cg")
+    m = tl.max(lse, axis=1)
+    m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
+    w = tl.exp2(lse - m[:, None])
+    total = tl.sum(w, axis=1)
+    if BLOCK_S <= 4:
+        acc = tl.sum(o * w[:, :, None], axis=1)
+    else:
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for i in range(0, n_active):
+            lse_i = tl.load(plse_ptr + part0 + i, mask=hmask, other=float("-inf"), cache_modifier=".cg")
+            o_i = tl.load(po_ptr + (part0 + i)[:, None] * BLOCK_D + offs_d[None, :], mask=omask, other=0.0,
+                          cache_modifier=".cg")
+            acc += o_i * tl.exp2(lse_i - m)[:, None]
+    res = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptrs, res.to(out_ptrs.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPTY: tl.constexpr):
+    """One K tile's step of an online softmax: (p, the rescale of what came before, the new
+    running max and sum)."""
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    qk = tl.where(nmask[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m, tl.max(qk, axis=1))
+    m_ref = m_new
+    if MAYBE_EMPTY:  # an all-masked first tile must leave the state at zero, not NaN
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_ref[:, None])
+    alpha = tl.exp2(m - m_ref)
+    return p, alpha, m_new, l_sum * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N: tl.constexpr):
+    """Where tokens n0..n0+BLOCK_N of a sequence (those < end) sit in the cache, for kv head
+    kvh: an offset per token, from the sequence's block table."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    blk = tl.load(bt_row + offs_n // block_size, mask=offs_n < end, other=0).to(tl.int64)
+    return blk * stride_blk + (offs_n % block_size) * stride_slot + kvh * stride_head
+
+
+@triton.jit
+def _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N: tl.constexpr):
+    """Tokens n0..n0+BLOCK_N of a sequence (those < end), whose cache offsets are ``rows``:
+    K, V, the token mask, the tokens, and the offsets and mask the K/V loads used.
+
+    K and V are loaded together from one offset tensor. This exact form measured faster in
+    the model on an H200 (bench/decode_latency.py, Qwen3-0.6B batch 32: 1.81 ms a step in
+    three runs) than the loop written inline, each load forming its own pointers, with V
+    loaded before or after the scores (2.11-2.12 ms in four runs); the cause was not
+    isolated. bench/decode_attention.py's back-to-back calls of the kernel alone time it a
+    few percent slower. Check end to end before reshaping it."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    nmask = offs_n < end
+    kv_ptrs = rows[:, None] + offs_d[None, :]
+    kv_mask = nmask[:, None] & dmask[None, :]
+    k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    return k, v, nmask, offs_n, kv_ptrs, kv_mask
+
+
+@triton.jit
+def _with_new_row(k, v, k_new, v_new, offs_n, seq_len):
+    """The tile with the sequence's newest row (token seq_len - 1) taken from k_new/v_new."""
+    is_new = (offs_n == seq_len - 1)[:, None]
+    return tl.where(is_new, k_new, k), tl.where(is_new, v_new, v)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, q_stride_t, q_stride_h,
+    k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
+    bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
+    out_ptr, out_stride_t, out_stride_h,
+    po_ptr, plse_ptr, count_ptr,
+    sm_scale, block_size, head_dim,
+    kn_ptr, kn_stride, vn_ptr, vn_stride, qw_ptr, kw_ptr, eps, pos_ptr, cs_ptr, cs_stride,
+    rot_dim, slot_ptr,
+    NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr, PRELOAD: tl.constexpr,
+    FUSED_INPUT: tl.constexpr, IS_NEOX: tl.constexpr, PDL: tl.constexpr,
+):
+    """FUSED_INPUT: q_ptr and kn_ptr/vn_ptr are the qkv projection's raw output. Every
+    program norms and rotates its query heads itself; the program whose split holds the
+    sequence's newest row computes that token's K/V (norm and RoPE on k), stores them in the
+    cache before its loop reads them (a CTA barrier orders its own threads), and patches them
+    into a tile it preloaded before the store. That is Qwen3's attention input
+    (``qk_norm_rope_cache_write``) without its own launch. The loop's tiles are not patched
+    in registers: an op between a load and its tl.dot stops Triton pipelining the loads.
+
+    Before ``pdl_wait`` every program reads the batch metadata and its first tile's block
+    table entries; the preloading grids also the tile itself. The loop then reads each next
+    tile's block table entries one iteration ahead: read in the iteration that uses them,
+    they cost a dependent round trip per tile, and Triton's pipeliner does not hoist them."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    s = tl.load(seq_idx_ptr + b) if HAS_SEQ_IDX else b
+    seq_len = tl.load(seq_lens_ptr + s)
+    row = tl.load(qsl_ptr + s).to(tl.int64)  # this sequence's query row in the flat batch
+    # Split length rounded to whole tiles; splits past the context end do no work.
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    hmask = offs_h < GROUP
+    dmask = offs_d < head_dim
+    heads = kvh * GROUP + offs_h
+    bt_row = bt_ptr + s.to(tl.int64) * bt_stride
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+    first = start
+    rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+    if PRELOAD:
+        # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
+        # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
+        # rows earlier steps wrote - all but the sequence's newest row, which the kernel
+        # before this one may be writing now. That row is reloaded after the wait, from L2.
+        k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N)
+        first = start + BLOCK_N
+        rows = _tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+    if FUSED_INPUT:
+        cs = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
+        slot = tl.load(slot_ptr + row)
+    pdl_wait(PDL)
+    if PRELOAD:
+        if not FUSED_INPUT:
+            newest = kv_mask & (offs_n == seq_len - 1)[:, None]
+            k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
+            v = tl.where(newest, tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
+    # Splits 0..n_active-1 hold tokens. In the preloading (many-split) grids the others leave
+    # here, past the wait (pdl.py), rather than run over an empty range and count toward the
+    # merge (at 576 tokens, 23 of 32 splits are empty); split 0 stays for an empty sequence,
+    # to merge its zeros. The other grids keep structured control flow: with this early
+    # return, Qwen3-8B batch 32 (2 splits) measured 5.776 -> 6.225 ms a step.
+    n_active = tl.cdiv(seq_len, tl.maximum(split_len, 1))
+    if PRELOAD:
+        if split >= tl.maximum(n_active, 1):
+            return
+    if FUSED_INPUT:
+        q = norm_rope_rows(q_ptr + row * q_stride_t + kvh * GROUP * head_dim, hmask, qw_ptr, eps,
+                           cs, head_dim, rot_dim, IS_NEOX, BLOCK_H, BLOCK_D)
+        k_new = norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim, tl.arange(0, 1) < 1, kw_ptr,
+                               eps, cs, head_dim, rot_dim, IS_NEOX, 1, BLOCK_D).to(k_ptr.dtype.element_ty)
+        v_new = tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
+                        mask=dmask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
+        if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):  # this split owns the new row
+            dst = (slot // block_size) * stride_blk + (slot % block_size) * stride_slot + kvh * stride_head
+            tl.store(k_ptr + dst + offs_d[None, :], k_new, mask=dmask[None, :])
+            tl.store(v_ptr + dst + offs_d[None, :], v_new, mask=dmask[None, :])
+        tl.debug_barrier()  # the loop's loads by other threads see the row (same SM, same CTA)
+    else:
+        q = tl.load(
+            q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
+            mask=hmask[:, None] & dmask[None, :], other=0.0,
+        )
+    if PRELOAD:
+        if FUSED_INPUT:
+            k, v = _with_new_row(k, v, k_new, v_new, offs_n, seq_len)
+        p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    for n0 in range(first, end, BLOCK_N):
+        next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk, stride_slot,
+                               stride_head, BLOCK_N)
+        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N)
+        p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        rows = next_rows
+
+    safe_l = tl.where(l_sum > 0, l_sum, 1.0)
+    o = acc / safe_l[:, None]
+    omask = hmask[:, None] & dmask[None, :]
+    out_ptrs = out_ptr + row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        num_heads = tl.num_programs(1) * GROUP
+        part0 = (b.to(tl.int64) * num_heads + heads) * NUM_SPLITS  # [BLOCK_H]: split 0's slot
+        # Only splits that hold tokens write partials (an empty sequence: none).
+        if split < n_active:
+            tl.store(po_ptr + (part0 + split)[:, None] * BLOCK_D + offs_d[None, :], o, mask=omask)
+            lse = tl.where(l_sum > 0, m + tl.log2(safe_l), float("-inf"))  # base 2
+            tl.store(plse_ptr + part0 + split, lse, mask=hmask)
+        # Every split still running counts (all NUM_SPLITS, or in preloading grids the
+        # n_active, at least 1, that did not leave; each computes the same count from
+        # seq_len), so an empty sequence is still merged, to zeros. The barrier orders all
+        # threads' partial stores before the atomic (one thread's release); acq_rel at gpu
+        # scope publishes them to, and makes them visible in, whichever program arrives
+        # last. (TRITON_INTERPRET runs programs one at a time, so CPU tests check the
+        # counting, not this ordering.)
+        arrivals = tl.maximum(n_active, 1) if PRELOAD else NUM_SPLITS
+        tl.debug_barrier()
+        counter = count_ptr + b * tl.num_programs(1) + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
+            _merge_splits(po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask, BLOCK_H, BLOCK_S, BLOCK_D)
+            tl.store(counter, 0)  # every split has arrived: ready for the next launch
+
+
+def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int, waves: int = 4) -> int:
+    """Splits per (sequence, kv head) so that about ``waves`` programs per SM fill the GPU.
+
+    A function of the batch shape only, so a captured graph and an eager step of the same
+    batch size split alike. 4 by default: measured on an H200
+    (bench/decode_attention.py), Qwen3-8B's batch 32 (256 programs unsplit) runs 31.4 ->
+    26.2 us a layer at 2 splits, and 4 kv heads x 32 sequences 21.0 -> 18.2 us at 4; from
+    ~2 programs per SM on, splitting only adds partials to merge.
+    """
+    programs = max(1, num_seqs * num_kv_heads)
+    if 2 * programs >= waves * num_sms:
+        return 1
+    # A power of two (each value is a compiled variant), at most 32.
+    want = triton.cdiv(waves * num_sms, programs)
+    return min(32, 1 << (want.bit_length() - 1))
+
+
+class NewTokenInput(NamedTuple):
+    """What turns the qkv projection's raw output into the attention input: per-head RMSNorm
+    of q and k, RoPE, and the K/V cache write (``qk_norm_rope_cache_write``'s arguments)."""
+
+    k: torch.Tensor  # [T, kv_heads * D] raw, rows of stride(0), unit column stride
+    v: torch.Tensor  # [T, kv_heads * D]
+    q_weight: torch.Tensor  # [D]
+    k_weight: torch.Tensor  # [D]
+    eps: float
+    positions: torch.Tensor  # [T]
+    cos_sin_cache: torch.Tensor  # [max_position, rot_dim] fp32: cos then sin
+    slot_mapping: torch.Tensor  # [T]; -1 stores nothing
+    is_neox: bool
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [T, H, D]; row query_start_loc[s] is sequence s's query
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D]
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    seq_lens: torch.Tensor,  # [S]
+    query_start_loc: torch.Tensor,  # [S + 1]
+    out: torch.Tensor,  # [T, H, D], written at the decode rows
+    scale: float,
+    num_splits: int,
+    seq_idx: torch.Tensor | None = None,  # only these sequences (a mixed batch's decodes)
+    tile: tuple[int, int, int] | None = None,  # (BLOCK_N, num_warps, num_stages): tuning only
+    new_tokens: NewTokenInput | None = None,
+) -> None:
+    """Attention of each decode row's query over its sequence's cached K/V, into ``out``.
+
+    With ``new_tokens``, q is the raw projection output and the kernel also does Qwen3's
+    attention input (see ``_decode_kernel``); the result equals running
+    ``qk_norm_rope_cache_write`` first. Without it, the cache already holds the new K/V."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    num_seqs = seq_idx.shape[0] if seq_idx is not None else seq_lens.shape[0]
+    if num_seqs == 0:
+        return
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(max(head_dim, 16))
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if num_splits > 1:
+        po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
+        plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        counters = _counters(q.device, num_seqs * num_kv_heads)
+    else:
+        po = plse = counters = out  # unused: one split writes the output directly
+    idx = seq_idx if seq_idx is not None else seq_lens
+    preload = num_splits >= PRELOAD_MIN_SPLITS
+    # 8 warps for the latency-bound grids: measured 7.61 -> 6.76 us (Qwen3-0.6B) and 8.08 ->
+    # 7.27 us (Qwen3-8B) at batch 1, 32 splits, 576 tokens (bench/decode_attention.py).
+    default = (32, 4, 2) if q.dtype == torch.float32 else (64, 8 if preload else 4, 2)
+    block_n, num_warps, num_stages = tile or default
+    fused = new_tokens is not None
+    if fused:
+        kn, vn = new_tokens.k, new_tokens.v
+        if q.stride(1) != head_dim or q.stride(2) != 1 or kn.stride(1) != 1 or vn.stride(1) != 1:
+            raise ValueError("fused decode attention needs heads contiguous within each row")
+        if not kv_cache.is_contiguous():
+            raise ValueError("fused decode attention writes slots of a contiguous cache")
+        nt = new_tokens
+        extra = (kn, kn.stride(0), vn, vn.stride(0), nt.q_weight, nt.k_weight, nt.eps, nt.positions,
+                 nt.cos_sin_cache, nt.cos_sin_cache.stride(0), nt.cos_sin_cache.shape[-1],
+                 nt.slot_mapping)
+    else:
+        extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, q.stride(0), q.stride(1),
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
+        out, out.stride(0), out.stride(1), po, plse, counters,
+        scale, block_size, head_dim, *extra,
+        NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
+        PRECISION=precision, PRELOAD=preload, FUSED_INPUT=fused,
+        IS_NEOX=new_tokens.is_neox if fused else True,
+        num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
+    )
