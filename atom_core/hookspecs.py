@@ -7,17 +7,45 @@ thing you provide. A plugin that cannot serve this machine calls
 
 The core's own defaults (torch reference ops, the native attention backend) register
 through these same hooks, so every name you see in ``atom plugins`` got there one way.
+
+Adding a hook is adding a function here under ``@extension_point(attribute, registry)``:
+each plugin's implementation is called with a ``register`` that feeds the registry's
+``register`` method, and the code that uses the hook reads ``get_registries().<attribute>``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import pluggy
+
+from atom_core.registries import (
+    AttentionBackendRegistry,
+    ExtensionPoint,
+    NamedRegistry,
+    OpRegistry,
+    Registry,
+)
 
 hookspec = pluggy.HookspecMarker("atom")
 hookimpl = pluggy.HookimplMarker("atom")
 
+Spec = TypeVar("Spec", bound=Callable[..., object])
 
-@hookspec
+
+def extension_point(attribute: str, registry: Callable[[], Registry]) -> Callable[[Spec], Spec]:
+    """Make the decorated function a hook whose ``register`` calls fill ``registry()``."""
+
+    def declare(spec: Spec) -> Spec:
+        point = ExtensionPoint(spec.__name__, attribute, registry)
+        spec.atom_extension_point = point  # type: ignore[attr-defined]
+        return hookspec(spec)
+
+    return declare
+
+
+@extension_point("architectures", lambda: NamedRegistry("model architecture"))
 def register_model_architectures(register):
     """Provide model classes, keyed by Hugging Face architecture name.
 
@@ -29,7 +57,7 @@ def register_model_architectures(register):
     """
 
 
-@hookspec
+@extension_point("ops", OpRegistry)
 def register_ops(register):
     """Provide implementations of named fused ops.
 
@@ -43,7 +71,7 @@ def register_ops(register):
     """
 
 
-@hookspec
+@extension_point("attention_backends", AttentionBackendRegistry)
 def register_attention_backends(register):
     """Provide paged attention backends.
 
@@ -54,7 +82,7 @@ def register_attention_backends(register):
     """
 
 
-@hookspec
+@extension_point("proposers", lambda: NamedRegistry("spec-decode method"))
 def register_spec_decode_proposers(register):
     """Provide speculative-decoding draft proposers.
 
@@ -63,13 +91,13 @@ def register_spec_decode_proposers(register):
     """
 
 
-@hookspec
+@extension_point("tool_formats", lambda: NamedRegistry("tool-call format"))
 def register_tool_formats(register):
     """Provide tool-call wire formats.
 
     Call ``register(name, format_cls)``; ``name`` is what users pass to
     ``--tool-call-parser``. ``format_cls`` subclasses
-    ``atom_core.entrypoints.openai.tool_parser.base.ToolFormat`` and declares syntax only:
+    ``atom_core.parsing.ToolFormat`` and declares syntax only:
     ``START_MARKERS``, ``opens_region(marker)``, ``parse_region(text, at_end)`` returning a
     ``RegionParse`` (the calls, and where the format's markup starts and ends) or None for
     "not a call (yet)", its closers (``CALL_SELF_CLOSERS``, ``REGION_END_MARKERS``,
@@ -79,7 +107,7 @@ def register_tool_formats(register):
     """
 
 
-@hookspec
+@extension_point("reasoning_dialects", lambda: NamedRegistry("reasoning dialect"))
 def register_reasoning_dialects(register):
     """Provide reasoning-channel dialects.
 

@@ -1,15 +1,36 @@
-"""Typed registries filled by the plugin hooks, and the rules for choosing from them."""
+"""Typed registries filled by the plugin hooks, and the rules for choosing from them.
+
+Each hook in hookspecs.py names the registry its ``register`` calls fill; a registry's
+``register`` method is what a plugin's ``register(...)`` call reaches (after the plugin
+manager adds the distribution's name).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from atom_core.errors import PluginConflictError, UnsupportedError
 
 DEVICE_KINDS = ("cpu", "cuda", "hip")
+
+
+class Registry(Protocol):
+    def register(self, name: str, obj: Any, dist: str, **options: Any) -> str:
+        """Add what ``dist`` passed to ``register(name, obj, **options)``; return the label
+        ``atom plugins`` lists it under. Raises PluginConflictError on a clash."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExtensionPoint:
+    """A hook and the registry it fills, declared together on its spec in hookspecs.py."""
+
+    hook: str
+    attribute: str  # the registry's attribute on Registries
+    new_registry: Callable[[], Registry]
 
 
 @dataclass(frozen=True)
@@ -24,14 +45,11 @@ class Entry:
 class NamedRegistry:
     """Name -> object; a second distribution using a taken name is a start-up error."""
 
-    def __init__(self, hook: str, what: str) -> None:
-        self.hook = hook
+    def __init__(self, what: str) -> None:
         self.what = what
         self._entries: dict[str, Entry] = {}
 
-    def add(self, name: str, obj: Any, dist: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise PluginConflictError(f"{dist}: {self.hook} needs a non-empty string name, got {name!r}")
+    def register(self, name: str, obj: Any, dist: str) -> str:
         prev = self._entries.get(name)
         if prev is not None:
             raise PluginConflictError(
@@ -39,6 +57,7 @@ class NamedRegistry:
                 f"Uninstall one, or limit loading with ATOM_PLUGINS."
             )
         self._entries[name] = Entry(name, obj, dist)
+        return name
 
     def get(self, name: str) -> Any:
         try:
@@ -72,6 +91,13 @@ class OpRegistry:
     """Op name -> implementations; the best one for a device is chosen per op."""
 
     impls: dict[str, list[OpImpl]] = field(default_factory=dict)
+
+    def register(
+        self, name: str, fn: Callable[..., Any], dist: str, *, provider: str,
+        device_kinds: str | Sequence[str] = DEVICE_KINDS, priority: int = 0,
+    ) -> str:
+        self.add(OpImpl(name, fn, provider, as_device_kinds(device_kinds), priority, dist))
+        return f"{name}[{provider}]"
 
     def add(self, impl: OpImpl) -> None:
         bad = [k for k in impl.device_kinds if k not in DEVICE_KINDS]
@@ -131,6 +157,14 @@ class AttentionBackendInfo:
 class AttentionBackendRegistry:
     backends: dict[str, AttentionBackendInfo] = field(default_factory=dict)
 
+    def register(
+        self, name: str, cls: type, dist: str, *, device_kinds: str | Sequence[str] = DEVICE_KINDS,
+        kind: str = "mha", priority: int = 0,
+    ) -> str:
+        kinds = as_device_kinds(device_kinds)
+        self.add(AttentionBackendInfo(name, cls, kinds, kind, priority, dist))
+        return name
+
     def add(self, info: AttentionBackendInfo) -> None:
         if info.kind not in ("mha", "mla"):
             raise PluginConflictError(
@@ -140,7 +174,8 @@ class AttentionBackendRegistry:
         prev = self.backends.get(info.name)
         if prev is not None:
             raise PluginConflictError(
-                f"attention backend {info.name!r} is registered twice: by {prev.dist} and by {info.dist}"
+                f"attention backend {info.name!r} is registered twice: "
+                f"by {prev.dist} and by {info.dist}"
             )
         self.backends[info.name] = info
 
@@ -164,24 +199,24 @@ class AttentionBackendRegistry:
         return sorted(self.backends)
 
 
-@dataclass
 class Registries:
-    """Everything the installed plugins registered, built once per process."""
+    """Everything the installed plugins registered, built once per process: one registry per
+    hook, as the attribute its spec names (``registries.ops``) and in ``by_hook``."""
 
-    architectures: NamedRegistry = field(
-        default_factory=lambda: NamedRegistry("register_model_architectures", "model architecture")
-    )
-    ops: OpRegistry = field(default_factory=OpRegistry)
-    attention_backends: AttentionBackendRegistry = field(default_factory=AttentionBackendRegistry)
-    proposers: NamedRegistry = field(
-        default_factory=lambda: NamedRegistry("register_spec_decode_proposers", "spec-decode method")
-    )
-    tool_formats: NamedRegistry = field(
-        default_factory=lambda: NamedRegistry("register_tool_formats", "tool-call format")
-    )
-    reasoning_dialects: NamedRegistry = field(
-        default_factory=lambda: NamedRegistry("register_reasoning_dialects", "reasoning dialect")
-    )
+    # For readers and type checkers: the core's hooks. The attributes come from hookspecs.py.
+    architectures: NamedRegistry
+    ops: OpRegistry
+    attention_backends: AttentionBackendRegistry
+    proposers: NamedRegistry
+    tool_formats: NamedRegistry
+    reasoning_dialects: NamedRegistry
+
+    def __init__(self, points: Iterable[ExtensionPoint]) -> None:
+        self.by_hook: dict[str, Registry] = {}
+        for point in points:
+            registry = point.new_registry()
+            setattr(self, point.attribute, registry)
+            self.by_hook[point.hook] = registry
 
 
 def as_device_kinds(value: str | Sequence[str]) -> tuple[str, ...]:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 
+import pluggy
 import pytest
 
+from atom_core import hookspecs, plugins
 from atom_core.errors import PluginConflictError, UnsupportedError
-from atom_core.plugins import PluginReport, Registrar, allowed_distributions, build_plugin_state
-from atom_core.registries import OpImpl, OpRegistry
+from atom_core.hookspecs import extension_point, hookimpl, hookspec
+from atom_core.plugins import (
+    PluginReport,
+    Registrar,
+    allowed_distributions,
+    build_plugin_state,
+    extension_points,
+)
+from atom_core.registries import NamedRegistry, OpImpl, OpRegistry, Registries
 from tests.plugin_dists import pip_install, plugins_json, run_atom, write_dist
 
 PLUGIN_DISTS = {
@@ -58,7 +69,8 @@ def test_version_flag():
 
 @pytest.mark.slow
 def test_installed_third_party_plugin_is_discovered_and_called(tmp_path: Path):
-    src = write_dist(tmp_path / "src", "atom-throwaway", "atom_throwaway", FORMAT_PLUGIN.format(name="throwaway"))
+    body = FORMAT_PLUGIN.format(name="throwaway")
+    src = write_dist(tmp_path / "src", "atom-throwaway", "atom_throwaway", body)
     site = tmp_path / "site"
     pip_install(src, site)
     reports = {r["name"]: r for r in plugins_json(site)}
@@ -75,7 +87,8 @@ def test_duplicate_name_fails_naming_both_distributions(tmp_path: Path):
     site = tmp_path / "site"
     for dist in ("atom-dup-one", "atom-dup-two"):
         module = dist.replace("-", "_")
-        pip_install(write_dist(tmp_path / "src", dist, module, FORMAT_PLUGIN.format(name="clash")), site)
+        body = FORMAT_PLUGIN.format(name="clash")
+        pip_install(write_dist(tmp_path / "src", dist, module, body), site)
     proc = run_atom(["plugins", "--json"], site)
     assert proc.returncode == 1
     assert "'clash' is registered twice" in proc.stderr
@@ -139,3 +152,62 @@ def test_builtin_defaults_register_through_hooks(monkeypatch):
     state = build_plugin_state()
     assert [r.name for r in state.reports] == ["atom-core"]
     assert state.registries.ops.resolve("silu_and_mul", "cpu").dist == "atom-core"
+
+
+def test_the_hooks_are_the_hookspecs_functions():
+    pm = pluggy.PluginManager("atom")
+    pm.add_hookspecs(hookspecs)
+    hooks = [p.hook for p in extension_points()]
+    assert hooks[0] == "register_model_architectures" and len(hooks) == len(set(hooks))
+    assert set(hooks) == {h for h in vars(pm.hook) if not h.startswith("_")}
+
+
+def test_registries_declared_for_type_checkers_are_the_hookspecs_ones():
+    registries = Registries(extension_points())
+    for attribute, type_name in Registries.__annotations__.items():
+        assert type(getattr(registries, attribute)).__name__ == type_name
+
+
+def test_a_new_hook_is_its_hookspec_alone(monkeypatch):
+    """A hook spec added to hookspecs.py is called on plugins and fills its registry, with no
+    edit anywhere else."""
+
+    @extension_point("widgets", lambda: NamedRegistry("widget"))
+    def register_widgets(register):
+        """Provide widgets."""
+
+    class Gear:
+        pass
+
+    def provide(register):
+        register("gear", Gear)
+
+    plugin = types.ModuleType("atom_widget_plugin")
+    plugin.register_widgets = hookimpl(provide)  # pluggy names a hook by the attribute
+    monkeypatch.setattr(hookspecs, "register_widgets", register_widgets, raising=False)
+    monkeypatch.setitem(sys.modules, plugin.__name__, plugin)
+    monkeypatch.setattr(plugins, "DEFAULT_PLUGINS", (*plugins.DEFAULT_PLUGINS, plugin.__name__))
+    monkeypatch.setenv("ATOM_PLUGINS", "")
+    state = build_plugin_state()
+    assert state.registries.widgets.get("gear") is Gear
+    assert state.reports[0].registered["register_widgets"] == ["gear"]
+    with pytest.raises(UnsupportedError, match="unknown widget 'bolt'; known: gear"):
+        state.registries.widgets.get("bolt")
+
+
+def test_a_hookspec_without_a_registry_is_refused(monkeypatch):
+    @hookspec
+    def register_things(register):
+        """Provide things."""
+
+    monkeypatch.setattr(hookspecs, "register_things", register_things, raising=False)
+    with pytest.raises(TypeError, match="register_things has no registry"):
+        extension_points()
+
+
+def test_a_registration_needs_a_string_name():
+    report = PluginReport("atom-x", "1")
+    reg = Registrar("register_ops", report, lambda *a, **k: "unused")
+    with pytest.raises(PluginConflictError, match="atom-x: register_ops needs a non-empty string"):
+        reg("", object)
+    assert report.registered == {}
