@@ -18,7 +18,9 @@ import numpy as np
 T = TypeVar("T")
 
 
-def arrival_intervals(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+def arrival_intervals(
+    n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0
+) -> np.ndarray:
     """``n`` gaps in seconds; gap i is the wait after request i (the last one is unused)."""
     if not burstiness > 0:
         raise ValueError(f"--burstiness must be positive, got {burstiness}")

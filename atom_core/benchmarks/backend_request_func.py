@@ -65,7 +65,8 @@ def make_session(limit: int = 0) -> aiohttp.ClientSession:
     """One pooled session for the whole run: a session per request (as older clients do)
     costs a connector and a DNS lookup each, and caps what one process can drive.
     ``limit=0`` leaves the number of connections to --max-concurrency."""
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60)
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300,
+                                     keepalive_timeout=60)
     return aiohttp.ClientSession(connector=connector, timeout=AIOHTTP_TIMEOUT, trust_env=True)
 
 
@@ -149,7 +150,8 @@ def _done(out: RequestFuncOutput, timer: _Timer, text: list[str], pbar: Any) -> 
     out.generated_text = "".join(text)
     timer.finish()
     if timer.first and not out.error:
-        out.error = "Never received a valid chunk to calculate TTFT. This response will be marked as failed!"
+        out.error = ("Never received a valid chunk to calculate TTFT. "
+                     "This response will be marked as failed!")
     out.success = not timer.first and not out.error
     if pbar is not None:
         pbar.update(1)
@@ -205,7 +207,9 @@ def _raise_on_error(data: dict[str, Any]) -> None:
         raise StreamError(json.dumps(data["error"]))
 
 
-def _on_completion_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+def _on_completion_chunk(
+    data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput
+) -> None:
     _raise_on_error(data)
     if choices := data.get("choices"):
         # The text may be empty (a special token): still a token's chunk.
@@ -214,7 +218,9 @@ def _on_completion_chunk(data: dict[str, Any], timer: _Timer, text: list[str], o
     _usage(out, data)
 
 
-def _on_chat_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+def _on_chat_chunk(
+    data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput
+) -> None:
     _raise_on_error(data)
     if choices := data.get("choices"):
         delta = choices[0].get("delta") or {}
@@ -226,7 +232,9 @@ def _on_chat_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: Re
     _usage(out, data)
 
 
-def _on_tgi_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+def _on_tgi_chunk(
+    data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput
+) -> None:
     timer.chunk()
     if data.get("generated_text") is not None:  # TGI sends the whole text with the last token
         text[:] = [data["generated_text"]]
@@ -234,7 +242,9 @@ def _on_tgi_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: Req
     out.output_tokens = details.get("generated_tokens", out.output_tokens)
 
 
-def _on_trt_chunk(data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput) -> None:
+def _on_trt_chunk(
+    data: dict[str, Any], timer: _Timer, text: list[str], out: RequestFuncOutput
+) -> None:
     timer.chunk()
     text[:] = [data.get("text_output", "")]  # accumulate_tokens: each chunk has all so far
 
@@ -283,7 +293,9 @@ async def async_request_openai_chat_completions(
     return await _request_stream(rfi, payload, pbar, _on_chat_chunk)
 
 
-async def async_request_tgi(request_func_input: RequestFuncInput, pbar: Any = None) -> RequestFuncOutput:
+async def async_request_tgi(
+    request_func_input: RequestFuncInput, pbar: Any = None
+) -> RequestFuncOutput:
     """Text Generation Inference's ``/generate_stream``."""
     rfi = request_func_input
     if not rfi.api_url.endswith("generate_stream"):
@@ -298,10 +310,13 @@ async def async_request_tgi(request_func_input: RequestFuncInput, pbar: Any = No
     }
     if rfi.best_of > 1:
         params["best_of"] = rfi.best_of
-    return await _request_stream(rfi, {"inputs": rfi.prompt, "parameters": params}, pbar, _on_tgi_chunk)
+    payload = {"inputs": rfi.prompt, "parameters": params}
+    return await _request_stream(rfi, payload, pbar, _on_tgi_chunk)
 
 
-async def async_request_trt_llm(request_func_input: RequestFuncInput, pbar: Any = None) -> RequestFuncOutput:
+async def async_request_trt_llm(
+    request_func_input: RequestFuncInput, pbar: Any = None
+) -> RequestFuncOutput:
     """TensorRT-LLM (Triton) ``generate_stream`` with accumulated text."""
     rfi = request_func_input
     if not rfi.api_url.endswith("generate_stream"):

@@ -81,11 +81,13 @@ async def spec_decode_stats(base_url: str) -> tuple[float | None, float | None]:
     if not isinstance(stats, dict) or not stats.get("enabled", True):
         return None, None
     length, rate = stats.get("average_tokens_per_forward"), stats.get("acceptance_rate")
-    return (float(length) if length is not None else None, float(rate) if rate is not None else None)
+    return (float(length) if length is not None else None,
+            float(rate) if rate is not None else None)
 
 
-def _request_input(s: SampleRequest, backend: str, api_url: str, model_id: str, model_name: str | None,
-                   logprobs: int | None, best_of: int, ignore_eos: bool) -> RequestFuncInput:
+def _request_input(s: SampleRequest, backend: str, api_url: str, model_id: str,
+                   model_name: str | None, logprobs: int | None, best_of: int,
+                   ignore_eos: bool) -> RequestFuncInput:
     # openai-chat servers apply the chat template themselves: send the bare prompt.
     prompt = s.raw_prompt if backend == "openai-chat" and s.raw_prompt is not None else s.prompt
     return RequestFuncInput(prompt=prompt, api_url=api_url, prompt_len=s.prompt_len,
@@ -116,13 +118,15 @@ async def benchmark(
     goodput: dict[str, float] | None = None,
     tokenizer: Any = None,
 ) -> dict[str, Any]:
-    """Send ``requests`` at the given arrival process; print the result block; return it as a dict."""
+    """Send ``requests`` at the given arrival process; print the result block; return it as a
+    dict."""
     if backend not in ASYNC_REQUEST_FUNCS:
         raise ValueError(f"unknown backend {backend!r}")
     request_func = ASYNC_REQUEST_FUNCS[backend]
     selected_metrics = selected_percentile_metrics or ["ttft", "tpot", "itl"]
     percentiles = selected_percentiles or [99.0]
-    inputs = [_request_input(s, backend, api_url, model_id, model_name, logprobs, best_of, ignore_eos)
+    inputs = [_request_input(s, backend, api_url, model_id, model_name, logprobs, best_of,
+                             ignore_eos)
               for s in requests]
     session = make_session(limit=max_concurrency or 0)
     set_session(session)
@@ -174,7 +178,8 @@ async def benchmark(
 
     metrics, records = calculate_metrics(outputs, duration, percentiles, goodput,
                                          count_tokens if tokenizer is not None else None)
-    print("\n".join(format_result(metrics, selected_metrics, goodput, accept_length, acceptance_rate)))
+    block = format_result(metrics, selected_metrics, goodput, accept_length, acceptance_rate)
+    print("\n".join(block))
     result = result_dict(metrics, records, selected_metrics, goodput)
     sent = [o.start_time - start for o in outputs]
     result.update(
@@ -229,7 +234,8 @@ def load_tokenizer(args: argparse.Namespace) -> Any:
     flag = "--tokenizer" if args.tokenizer else "--model"
     path = os.path.expanduser(name)
     if (os.path.isabs(path) or name.startswith(".")) and not os.path.exists(path):
-        raise ConfigError(f"{flag} {name}: no such file or directory (the tokenizer is read from local files)")
+        raise ConfigError(f"{flag} {name}: no such file or directory "
+                          "(the tokenizer is read from local files)")
     with refused_as(f"cannot load the tokenizer of {flag} {name}"):
         return get_tokenizer(name, trust_remote_code=args.trust_remote_code)
 
@@ -253,7 +259,8 @@ def check_args(args: argparse.Namespace) -> None:
     for flag in ("random_input_len", "random_output_len", "sonnet_input_len", "sonnet_output_len"):
         need(getattr(args, flag) >= 1, f"--{flag.replace('_', '-')}", getattr(args, flag), positive)
     for flag in ("random_prefix_len", "sonnet_prefix_len"):
-        need(getattr(args, flag) >= 0, f"--{flag.replace('_', '-')}", getattr(args, flag), non_negative)
+        need(getattr(args, flag) >= 0, f"--{flag.replace('_', '-')}", getattr(args, flag),
+             non_negative)
     for flag in ("sharegpt_output_len", "hf_output_len"):
         value = getattr(args, flag)
         need(value is None or value >= 1, f"--{flag.replace('_', '-')}", value, positive)
@@ -266,8 +273,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--dataset-path {args.dataset_path}: no such file or directory")
     for item in args.metadata or []:
         need("=" in item, "--metadata", item, "KEY=VALUE pairs")
-    need(not (args.result_dir and os.path.exists(args.result_dir) and not os.path.isdir(args.result_dir)),
-         "--result-dir", args.result_dir, "a directory")
+    result_dir_is_file = (args.result_dir and os.path.exists(args.result_dir)
+                          and not os.path.isdir(args.result_dir))
+    need(not result_dir_is_file, "--result-dir", args.result_dir, "a directory")
 
 
 def check_reachable(base_url: str, flag: str, timeout_s: float = 5.0) -> None:
@@ -296,7 +304,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_args(args)
     with refused_as():  # its messages name --goodput
         goodput = parse_goodput(args.goodput)
-    percentiles, metrics = _percentiles(args.metric_percentiles), _percentile_metrics(args.percentile_metrics)
+    percentiles = _percentiles(args.metric_percentiles)
+    metrics = _percentile_metrics(args.percentile_metrics)
     endpoint = args.endpoint or DEFAULT_ENDPOINTS.get(args.backend, "/v1/completions")
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     check_reachable(base_url, "--base-url" if args.base_url else "--host/--port")
@@ -309,7 +318,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise
     except Exception as exc:  # what reading the user's dataset raises is about that dataset
         source = f" (--dataset-path {args.dataset_path})" if args.dataset_path else ""
-        raise ConfigError(f"--dataset-name {args.dataset_name}{source}: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(
+            f"--dataset-name {args.dataset_name}{source}: {type(exc).__name__}: {exc}") from exc
     raise_fd_limit()
 
     gc.collect()

@@ -56,9 +56,10 @@ def run_case(name: str, streams: int, tokens: int, num_prompts: int, server_flag
         requests = [SampleRequest("hello", 1, tokens)] * num_prompts
         cpu0, wall0 = time.process_time(), time.perf_counter()
         result = asyncio.run(benchmark(
-            backend="vllm", api_url=f"{url}/v1/completions", base_url=url, model_id="fake", model_name=None,
-            requests=requests, max_concurrency=max_concurrency, disable_tqdm=True,
-            selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"], selected_percentiles=[50, 99],
+            backend="vllm", api_url=f"{url}/v1/completions", base_url=url, model_id="fake",
+            model_name=None, requests=requests, max_concurrency=max_concurrency, disable_tqdm=True,
+            selected_percentile_metrics=["ttft", "tpot", "itl", "e2el"],
+            selected_percentiles=[50, 99],
         ))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     finally:
@@ -86,22 +87,27 @@ def run_case(name: str, streams: int, tokens: int, num_prompts: int, server_flag
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=1000, help="concurrent streams")
     parser.add_argument("--tokens", type=int, default=256, help="chunks per instant stream")
-    parser.add_argument("--rounds", type=int, default=4, help="instant run: requests = rounds * streams")
-    parser.add_argument("--hold-s", type=float, default=5.0, help="held run: seconds each stream stays open")
-    parser.add_argument("--hold-interval-ms", type=float, default=50.0, help="held run: ms between chunks")
+    parser.add_argument("--rounds", type=int, default=4,
+                        help="instant run: requests = rounds * streams")
+    parser.add_argument("--hold-s", type=float, default=5.0,
+                        help="held run: seconds each stream stays open")
+    parser.add_argument("--hold-interval-ms", type=float, default=50.0,
+                        help="held run: ms between chunks")
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)
     raise_fd_limit()
-    rows = [run_case("instant", args.streams, args.tokens, args.rounds * args.streams, [], args.streams)]
+    rows = [run_case("instant", args.streams, args.tokens, args.rounds * args.streams, [],
+                     args.streams)]
     held_tokens = max(2, int(args.hold_s * 1000 / args.hold_interval_ms))
     rows.append(run_case("held", args.streams, held_tokens, args.streams,
                          ["--chunk-interval-ms", str(args.hold_interval_ms)], None))
     print(f"\ncpus: {os.cpu_count()}  python {sys.version.split()[0]}")
-    print(f"{'case':<8} {'streams':>8} {'peak':>6} {'chunks':>9} {'chunks/s':>10} {'client cpu':>10} "
-          f"{'mean ITL ms':>11} {'p99 ITL ms':>10}")
+    print(f"{'case':<8} {'streams':>8} {'peak':>6} {'chunks':>9} {'chunks/s':>10} "
+          f"{'client cpu':>10} {'mean ITL ms':>11} {'p99 ITL ms':>10}")
     for r in rows:
         print(f"{r['case']:<8} {r['requests']:>8} {r['peak_in_flight']:>6} {r['chunks']:>9} "
               f"{r['chunks_per_s']:>10.0f} {r['client_cpu_util']:>10.2f} {r['mean_itl_ms']:>11.2f} "

@@ -129,7 +129,11 @@ def _pairs_from_conversations(rows: list[Any], seed: int) -> list[tuple[str, str
 
 
 def _from_pairs(
-    tokenizer: Any, pairs: list[tuple[str, str | None]], num_prompts: int, output_len: int | None, source: str
+    tokenizer: Any,
+    pairs: list[tuple[str, str | None]],
+    num_prompts: int,
+    output_len: int | None,
+    source: str,
 ) -> list[SampleRequest]:
     requests = []
     for prompt, completion in pairs:
@@ -141,17 +145,20 @@ def _from_pairs(
         elif completion is not None:
             out_len = len(_encode(tokenizer, completion))
         else:
-            raise ValueError(f"{source} has no completions to size the output by: pass an output length")
+            raise ValueError(
+                f"{source} has no completions to size the output by: pass an output length")
         if _keep(prompt_len, out_len, output_len is not None):
             requests.append(SampleRequest(prompt, prompt_len, out_len, prompt))
     if len(requests) < num_prompts:
-        raise ValueError(f"{source} yields {len(requests)} usable prompts, fewer than --num-prompts {num_prompts}")
+        raise ValueError(f"{source} yields {len(requests)} usable prompts, "
+                         f"fewer than --num-prompts {num_prompts}")
     return requests
 
 
 def _local_file(path: str | None, name: str) -> Path:
     if not path:
-        raise ValueError(f"--dataset-name {name} needs --dataset-path (a local file; nothing is downloaded)")
+        raise ValueError(f"--dataset-name {name} needs --dataset-path "
+                         "(a local file; nothing is downloaded)")
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"--dataset-path {path} is not a file")
@@ -159,11 +166,17 @@ def _local_file(path: str | None, name: str) -> Path:
 
 
 def sample_sharegpt_requests(
-    dataset_path: str | None, num_prompts: int, tokenizer: Any, output_len: int | None = None, seed: int = 0
+    dataset_path: str | None,
+    num_prompts: int,
+    tokenizer: Any,
+    output_len: int | None = None,
+    seed: int = 0,
 ) -> list[SampleRequest]:
-    """First human turn as the prompt, the reply's length as the output length (or ``output_len``)."""
+    """First human turn as the prompt, the reply's length as the output length (or
+    ``output_len``)."""
     rows = json.loads(_local_file(dataset_path, "sharegpt").read_text())
-    return _from_pairs(tokenizer, _pairs_from_conversations(rows, seed), num_prompts, output_len, "ShareGPT")
+    pairs = _pairs_from_conversations(rows, seed)
+    return _from_pairs(tokenizer, pairs, num_prompts, output_len, "ShareGPT")
 
 
 def sample_burstgpt_requests(
@@ -172,17 +185,20 @@ def sample_burstgpt_requests(
     """Request/response token counts of GPT-4 rows from a BurstGPT CSV, with synthetic prompts
     of that many tokens (the trace carries lengths, not text)."""
     with open(_local_file(dataset_path, "burstgpt"), newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("Model") == "GPT-4" and int(float(r["Response tokens"])) > 0]
+        rows = [r for r in csv.DictReader(f)
+                if r.get("Model") == "GPT-4" and int(float(r["Response tokens"])) > 0]
     if not rows:
-        raise ValueError(f"{dataset_path} has no GPT-4 rows with a response (columns: Model, Request tokens, "
-                         "Response tokens)")
+        raise ValueError(f"{dataset_path} has no GPT-4 rows with a response "
+                         "(columns: Model, Request tokens, Response tokens)")
     rng = np.random.default_rng(seed)
     picked = rng.choice(len(rows), size=num_prompts, replace=len(rows) < num_prompts)
     vocab = _plain_vocab(tokenizer)
     requests = []
     for i, k in enumerate(picked):
-        in_len, out_len = int(float(rows[k]["Request tokens"])), int(float(rows[k]["Response tokens"]))
-        prompt = _fit_length(tokenizer, vocab[(i + np.arange(in_len)) % vocab.size].tolist(), in_len, vocab, rng)
+        in_len = int(float(rows[k]["Request tokens"]))
+        out_len = int(float(rows[k]["Response tokens"]))
+        token_ids = vocab[(i + np.arange(in_len)) % vocab.size].tolist()
+        prompt = _fit_length(tokenizer, token_ids, in_len, vocab, rng)
         requests.append(SampleRequest(prompt, len(_encode(tokenizer, prompt)), out_len, prompt))
     return requests
 
@@ -203,8 +219,8 @@ def sample_sonnet_requests(
     avg_line = sum(len(_encode(tokenizer, line)) for line in lines) / len(lines)
     base_len = len(_encode(tokenizer, _chat(tokenizer, SONNET_BASE_PROMPT)))
     if input_len <= base_len or prefix_len <= base_len:
-        raise ValueError(f"--sonnet-input-len and --sonnet-prefix-len must exceed the {base_len} tokens of the "
-                         "instruction")
+        raise ValueError("--sonnet-input-len and --sonnet-prefix-len must exceed the "
+                         f"{base_len} tokens of the instruction")
     num_input = round((input_len - base_len) / avg_line)
     num_prefix = min(round((prefix_len - base_len) / avg_line), num_input)
     prefix = lines[:num_prefix]
@@ -217,27 +233,32 @@ def sample_sonnet_requests(
     return requests
 
 
-def load_hf_rows(dataset_path: str | None, subset: str | None = None, split: str = "train") -> list[dict]:
+def load_hf_rows(
+    dataset_path: str | None, subset: str | None = None, split: str = "train"
+) -> list[dict]:
     """Rows of a Hugging Face dataset from a local copy (save_to_disk dir, dataset repo dir, or
     a json/jsonl/csv/parquet file). Never the network: a missing copy is an error."""
     if not dataset_path or not os.path.exists(os.path.expanduser(dataset_path)):
         raise FileNotFoundError(
-            f"--dataset-name hf reads a local copy only; --dataset-path {dataset_path!r} does not exist "
-            "(download it elsewhere with `datasets` and pass its directory)"
+            f"--dataset-name hf reads a local copy only; --dataset-path {dataset_path!r} "
+            "does not exist (download it elsewhere with `datasets` and pass its directory)"
         )
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import datasets
     except ImportError as exc:
-        raise ImportError("--dataset-name hf needs the `datasets` package (pip install datasets)") from exc
+        raise ImportError(
+            "--dataset-name hf needs the `datasets` package (pip install datasets)") from exc
     path = Path(dataset_path).expanduser()
-    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+    saved_to_disk = (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()
+    if path.is_dir() and saved_to_disk:
         ds = datasets.load_from_disk(str(path))
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[split]
     elif path.is_file():
-        kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
+        kind = {".jsonl": "json", ".json": "json", ".csv": "csv",
+                ".parquet": "parquet"}.get(path.suffix)
         if kind is None:
             raise ValueError(f"cannot read {path}: expected .json, .jsonl, .csv or .parquet")
         ds = datasets.load_dataset(kind, data_files=str(path), split="train")
@@ -262,7 +283,8 @@ def sample_hf_requests(
     else:
         col = next((c for c in PROMPT_COLUMNS if rows and c in rows[0]), None)
         if col is None:
-            raise ValueError(f"no prompt column in {dataset_path}: expected conversations or one of {PROMPT_COLUMNS}")
+            raise ValueError(f"no prompt column in {dataset_path}: "
+                             f"expected conversations or one of {PROMPT_COLUMNS}")
         done = next((c for c in COMPLETION_COLUMNS if c in rows[0]), None)
         pairs = [(str(r[col]), str(r[done]) if done else None) for r in rows]
         random.Random(seed).shuffle(pairs)
@@ -283,9 +305,10 @@ def get_samples(args: Any, tokenizer: Any) -> list[SampleRequest]:
     if name == "burstgpt":
         return sample_burstgpt_requests(args.dataset_path, args.num_prompts, tokenizer, args.seed)
     if name == "sonnet":
-        return sample_sonnet_requests(tokenizer, args.num_prompts, args.sonnet_input_len, args.sonnet_output_len,
-                                      args.sonnet_prefix_len, args.dataset_path, args.seed)
+        return sample_sonnet_requests(tokenizer, args.num_prompts, args.sonnet_input_len,
+                                      args.sonnet_output_len, args.sonnet_prefix_len,
+                                      args.dataset_path, args.seed)
     if name == "hf":
-        return sample_hf_requests(args.dataset_path, args.num_prompts, tokenizer, args.hf_subset, args.hf_split,
-                                  args.hf_output_len, args.seed)
+        return sample_hf_requests(args.dataset_path, args.num_prompts, tokenizer, args.hf_subset,
+                                  args.hf_split, args.hf_output_len, args.seed)
     raise ValueError(f"unknown --dataset-name {name!r}")

@@ -39,7 +39,9 @@ def _tgi_frame(obj: dict) -> bytes:
 
 
 @functools.lru_cache(maxsize=256)
-def stream_frames(kind: str, n_tokens: int, tokens_per_chunk: int, prompt_tokens: int) -> tuple[bytes, ...]:
+def stream_frames(
+    kind: str, n_tokens: int, tokens_per_chunk: int, prompt_tokens: int
+) -> tuple[bytes, ...]:
     """The frames of one response: ``ceil(n_tokens / tokens_per_chunk)`` chunks, then the end."""
     sizes = [min(tokens_per_chunk, n_tokens - i) for i in range(0, n_tokens, tokens_per_chunk)]
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens,
@@ -48,24 +50,28 @@ def stream_frames(kind: str, n_tokens: int, tokens_per_chunk: int, prompt_tokens
     if kind == "completions":
         for k in sizes:
             frames.append(_frame({"id": "cmpl-fake", "object": "text_completion", "model": "fake",
-                                  "choices": [{"index": 0, "text": "x" * k, "finish_reason": None}]}))
-        frames.append(_frame({"id": "cmpl-fake", "object": "text_completion", "model": "fake", "choices": [],
-                              "usage": usage}))
+                                  "choices": [{"index": 0, "text": "x" * k,
+                                               "finish_reason": None}]}))
+        frames.append(_frame({"id": "cmpl-fake", "object": "text_completion", "model": "fake",
+                              "choices": [], "usage": usage}))
         frames.append(b"data: [DONE]\n\n")
     elif kind == "chat":
         for j, k in enumerate(sizes):
             delta = {"role": "assistant", "content": "x" * k} if j == 0 else {"content": "x" * k}
-            frames.append(_frame({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": "fake",
-                                  "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}))
-        frames.append(_frame({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "model": "fake",
-                              "choices": [], "usage": usage}))
+            frames.append(_frame({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                                  "model": "fake",
+                                  "choices": [{"index": 0, "delta": delta,
+                                               "finish_reason": None}]}))
+        frames.append(_frame({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                              "model": "fake", "choices": [], "usage": usage}))
         frames.append(b"data: [DONE]\n\n")
     elif kind == "tgi":
         done = 0
         for j, k in enumerate(sizes):
             done += k
             last = j == len(sizes) - 1
-            frames.append(_tgi_frame({"token": {"text": "x" * k}, "generated_text": "x" * done if last else None,
+            frames.append(_tgi_frame({"token": {"text": "x" * k},
+                                      "generated_text": "x" * done if last else None,
                                       "details": {"generated_tokens": n_tokens} if last else None}))
     elif kind == "trt":
         done = 0
@@ -81,10 +87,13 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     cfg = config or FakeConfig()
     counters = {"start_profile": 0, "stop_profile": 0, "requests": 0}
 
-    async def stream(request: web.Request, kind: str, n_tokens: int, prompt_tokens: int) -> web.StreamResponse:
+    async def stream(
+        request: web.Request, kind: str, n_tokens: int, prompt_tokens: int
+    ) -> web.StreamResponse:
         counters["requests"] += 1
         frames = stream_frames(kind, n_tokens, cfg.tokens_per_chunk, prompt_tokens)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
         await resp.prepare(request)
         if cfg.first_chunk_delay_s:
             await asyncio.sleep(cfg.first_chunk_delay_s)
@@ -148,7 +157,9 @@ def build_app(config: FakeConfig | None = None) -> web.Application:
     return app
 
 
-async def start(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, int]:
+async def start(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, int]:
     """Serve ``app`` in the running loop; returns the runner and the bound port."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -159,14 +170,16 @@ async def start(app: web.Application, host: str = "127.0.0.1", port: int = 0) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--chunk-interval-ms", type=float, default=0.0)
     parser.add_argument("--first-chunk-delay-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
-    cfg = FakeConfig(args.tokens_per_chunk, args.chunk_interval_ms / 1000, args.first_chunk_delay_ms / 1000)
+    cfg = FakeConfig(args.tokens_per_chunk, args.chunk_interval_ms / 1000,
+                     args.first_chunk_delay_ms / 1000)
 
     async def serve() -> None:
         runner, port = await start(build_app(cfg), args.host, args.port)

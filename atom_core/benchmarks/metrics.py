@@ -84,10 +84,12 @@ def parse_goodput(pairs: Sequence[str] | None) -> dict[str, float]:
             slos[name] = float(value)
         except ValueError:
             raise ValueError(
-                f"invalid --goodput {pair!r}: give KEY:VALUE pairs, a metric name and a number of ms"
+                f"invalid --goodput {pair!r}: give KEY:VALUE pairs, "
+                "a metric name and a number of ms"
             ) from None
         if name not in GOODPUT_METRICS:
-            raise ValueError(f"invalid --goodput metric {name!r}: one of {', '.join(GOODPUT_METRICS)}")
+            raise ValueError(
+                f"invalid --goodput metric {name!r}: one of {', '.join(GOODPUT_METRICS)}")
         if slos[name] < 0:
             raise ValueError(f"invalid --goodput value for {name}: must be non-negative")
     return slos
@@ -147,8 +149,10 @@ def calculate_metrics(
         output_throughput=total_out / duration,
         total_token_throughput=(total_in + total_out) / duration,
         concurrency=sum(e2els) / duration,
-        stats={"ttft": MetricStats.of(ttfts, percentiles), "tpot": MetricStats.of(tpots, percentiles),
-               "itl": MetricStats.of(itls, percentiles), "e2el": MetricStats.of(e2els, percentiles)},
+        stats={"ttft": MetricStats.of(ttfts, percentiles),
+               "tpot": MetricStats.of(tpots, percentiles),
+               "itl": MetricStats.of(itls, percentiles),
+               "e2el": MetricStats.of(e2els, percentiles)},
     )
     return metrics, rec
 
@@ -182,7 +186,8 @@ def format_result(
         num("Concurrency:", m.concurrency),
     ]
     merge = m.merge_factor
-    lines.append(num("ITL/TPOT (merge factor):", merge) if merge is not None else row("ITL/TPOT (merge factor):", "n/a"))
+    label = "ITL/TPOT (merge factor):"
+    lines.append(num(label, merge) if merge is not None else row(label, "n/a"))
     if accept_length is not None:
         lines.append(num("Accept length:", accept_length))
     if acceptance_rate is not None:
@@ -226,7 +231,9 @@ def result_dict(m: BenchmarkMetrics, rec: RequestRecords, selected: Sequence[str
         if key not in selected:
             continue
         s = m.stats[key]
-        out[f"mean_{key}_ms"], out[f"median_{key}_ms"], out[f"std_{key}_ms"] = s.mean, s.median, s.std
+        out[f"mean_{key}_ms"] = s.mean
+        out[f"median_{key}_ms"] = s.median
+        out[f"std_{key}_ms"] = s.std
         for p, v in s.percentiles:
             out[f"p{_p_word(p)}_{key}_ms"] = v
     return out

@@ -22,5 +22,6 @@ def get_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
             raise FileNotFoundError(f"tokenizer GGUF file {path} does not exist")
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, **kwargs)
     if not path.exists() and os.sep not in name_or_path and "/" not in name_or_path:
-        raise FileNotFoundError(f"tokenizer {name_or_path!r} is not a local path (pass --tokenizer DIR)")
+        raise FileNotFoundError(
+            f"tokenizer {name_or_path!r} is not a local path (pass --tokenizer DIR)")
     return AutoTokenizer.from_pretrained(str(path) if path.exists() else name_or_path, **kwargs)

@@ -1,4 +1,5 @@
-"""Step labels (prefill/decode, FLOP aggregates), annotate() under a profiler, ATOM_PROFILER_TIMEOUT."""
+"""Step labels (prefill/decode, FLOP aggregates), annotate() under a profiler,
+ATOM_PROFILER_TIMEOUT."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_prefill_label_covers_chunks_and_mixed_steps():
     batch = Batch([Seq(8, 0), Seq(12, 8), Seq(3, 6)], [8, 4, 1])
     sqsq = 8 * 8 + 4 * 4 + 1
     sqsk = 8 * 8 + 4 * 12 + 1 * 7
-    assert step_label(batch, detailed=True) == f"prefill[bs=3 tok=13 sqsq={sqsq} sqsk={sqsk} sk={8 + 12 + 7}]"
+    expected = f"prefill[bs=3 tok=13 sqsq={sqsq} sqsk={sqsk} sk={8 + 12 + 7}]"
+    assert step_label(batch, detailed=True) == expected
     # A one-token last prompt chunk is still prefill.
     assert step_label(Batch([Seq(5, 4)], [1]), detailed=False) == "prefill[bs=1 tok=1]"
 
@@ -54,7 +56,8 @@ def test_annotate_records_under_a_profiler_and_is_free_otherwise(tmp_path, monke
     monkeypatch.setenv("ATOM_ENABLE_DETAILED_ANNOTATION", "1")
     batch = Batch([Seq(4, 0)], [4])
     calls = []
-    monkeypatch.setattr("atom_core.engine.annotations.step_label", lambda b: calls.append(b) or "prefill[x]")
+    monkeypatch.setattr("atom_core.engine.annotations.step_label",
+                        lambda b: calls.append(b) or "prefill[x]")
     with annotate(batch):  # no profiler: the label is never built
         torch.ones(2) + 1
     assert calls == []

@@ -15,8 +15,9 @@ from atom_core.benchmarks.metrics import (
 
 # The block of `vllm bench serve`, in order (P-lines for --metric-percentiles 50,99.9).
 EXPECTED_LABELS = [
-    "Successful requests:", "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
-    "Request throughput (req/s):", "Request goodput (req/s):", "Output token throughput (tok/s):",
+    "Successful requests:", "Benchmark duration (s):", "Total input tokens:",
+    "Total generated tokens:", "Request throughput (req/s):", "Request goodput (req/s):",
+    "Output token throughput (tok/s):",
     "Total Token throughput (tok/s):", "Concurrency:", "ITL/TPOT (merge factor):",
     "Mean TTFT (ms):", "Median TTFT (ms):", "P50 TTFT (ms):", "P99.9 TTFT (ms):",
     "Mean TPOT (ms):", "Median TPOT (ms):", "P50 TPOT (ms):", "P99.9 TPOT (ms):",
@@ -40,8 +41,9 @@ def outputs(seed: int = 0, n: int = 40) -> list[RequestFuncOutput]:
         n_out = int(rng.integers(1, 30))
         itl = rng.exponential(0.02, n_out - 1).tolist()
         ttft = float(rng.exponential(0.1))
-        outs.append(RequestFuncOutput(success=i % 13 != 5, ttft=ttft, itl=itl, latency=ttft + sum(itl),
-                                      output_tokens=n_out, server_prompt_tokens=100 + i, prompt_len=99 + i))
+        outs.append(RequestFuncOutput(success=i % 13 != 5, ttft=ttft, itl=itl,
+                                      latency=ttft + sum(itl), output_tokens=n_out,
+                                      server_prompt_tokens=100 + i, prompt_len=99 + i))
     return outs
 
 
@@ -68,14 +70,16 @@ def test_metrics_match_an_independent_computation():
 
 def test_merge_factor_reads_chunk_merging():
     # 4 tokens per chunk, 10 ms apart: ITL 10 ms, TPOT 2.5 ms, merge factor 4.
-    out = RequestFuncOutput(success=True, ttft=0.05, itl=[0.01] * 7, latency=0.05 + 0.07, output_tokens=29)
+    out = RequestFuncOutput(success=True, ttft=0.05, itl=[0.01] * 7, latency=0.05 + 0.07,
+                            output_tokens=29)
     m, _ = calculate_metrics([out], 1.0, [99])
     assert m.stats["tpot"].mean == pytest.approx(70 / 28)
     assert m.merge_factor == pytest.approx(4.0)
 
 
 def test_goodput_counts_requests_within_every_slo():
-    outs = [RequestFuncOutput(success=True, ttft=t, latency=t + 0.1, itl=[0.05, 0.05], output_tokens=3)
+    outs = [RequestFuncOutput(success=True, ttft=t, latency=t + 0.1, itl=[0.05, 0.05],
+                              output_tokens=3)
             for t in (0.01, 0.2, 0.05)]
     slos = parse_goodput(["ttft:100", "tpot:60"])
     m, _ = calculate_metrics(outs, 2.0, [99], slos)

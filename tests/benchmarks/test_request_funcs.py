@@ -18,8 +18,8 @@ from atom_core.benchmarks.benchmark_serving import benchmark
 from atom_core.benchmarks.client_ceiling import peak_in_flight, start_fake_server
 from atom_core.benchmarks.datasets import SampleRequest
 
-PATHS = {"tgi": "/generate_stream", "tensorrt-llm": "/generate_stream", "deepspeed-mii": "/generate",
-         "openai-chat": "/v1/chat/completions"}
+PATHS = {"tgi": "/generate_stream", "tensorrt-llm": "/generate_stream",
+         "deepspeed-mii": "/generate", "openai-chat": "/v1/chat/completions"}
 
 
 async def with_server(config, body):
@@ -52,8 +52,8 @@ def test_each_backend_times_every_chunk(backend):
 
 def test_http_error_and_error_frame_fail_the_request():
     async def body(url, counters):
-        bad = RequestFuncInput(prompt="x", api_url=url + "/v1/nope/completions", prompt_len=1, output_len=2,
-                               model="m")
+        bad = RequestFuncInput(prompt="x", api_url=url + "/v1/nope/completions", prompt_len=1,
+                               output_len=2, model="m")
         return await ASYNC_REQUEST_FUNCS["vllm"](request_func_input=bad)
 
     out = asyncio.run(with_server(None, body))
@@ -64,10 +64,11 @@ def test_merged_chunks_inflate_itl_not_tpot():
     reqs = [SampleRequest("p", 1, 41)] * 4
 
     async def body(url, counters):
-        return await benchmark(backend="vllm", api_url=url + "/v1/completions", base_url=url, model_id="fake",
-                               model_name=None, requests=reqs, disable_tqdm=True)
+        return await benchmark(backend="vllm", api_url=url + "/v1/completions", base_url=url,
+                               model_id="fake", model_name=None, requests=reqs, disable_tqdm=True)
 
-    res = asyncio.run(with_server(fake_server.FakeConfig(tokens_per_chunk=4, chunk_interval_s=0.01), body))
+    config = fake_server.FakeConfig(tokens_per_chunk=4, chunk_interval_s=0.01)
+    res = asyncio.run(with_server(config, body))
     assert res["completed"] == 4 and res["total_output_tokens"] == 4 * 41
     assert all(len(itl) == 10 for itl in res["itls"])  # 41 tokens in 11 chunks
     assert res["itl_tpot_merge_factor"] == pytest.approx(4.0, rel=0.15)
@@ -82,8 +83,8 @@ def test_one_process_drives_1000_concurrent_streams(capsys):
     proc, url = start_fake_server("--chunk-interval-ms", "50")
     try:
         res = asyncio.run(benchmark(backend="vllm", api_url=url + "/v1/completions", base_url=url,
-                                    model_id="fake", model_name=None, requests=reqs, disable_tqdm=True,
-                                    profile=True))
+                                    model_id="fake", model_name=None, requests=reqs,
+                                    disable_tqdm=True, profile=True))
         counters = httpx.get(url + "/metrics").json()
     finally:
         proc.terminate()
@@ -102,9 +103,10 @@ def test_session_can_be_shared():
         session = make_session()
         set_session(session)
         try:
-            rfi = RequestFuncInput(prompt="x", api_url=url + "/v1/completions", prompt_len=1, output_len=3,
-                                   model="m")
-            outs = await asyncio.gather(*(ASYNC_REQUEST_FUNCS["vllm"](request_func_input=rfi) for _ in range(5)))
+            rfi = RequestFuncInput(prompt="x", api_url=url + "/v1/completions", prompt_len=1,
+                                   output_len=3, model="m")
+            request = ASYNC_REQUEST_FUNCS["vllm"]
+            outs = await asyncio.gather(*(request(request_func_input=rfi) for _ in range(5)))
         finally:
             set_session(None)
             await session.close()

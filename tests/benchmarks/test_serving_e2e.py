@@ -22,8 +22,9 @@ from atom_core.testing.tiny_models import tiny_model_dir
 pytestmark = pytest.mark.slow
 
 BLOCK_LABELS = [
-    "Successful requests:", "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
-    "Request throughput (req/s):", "Request goodput (req/s):", "Output token throughput (tok/s):",
+    "Successful requests:", "Benchmark duration (s):", "Total input tokens:",
+    "Total generated tokens:", "Request throughput (req/s):", "Request goodput (req/s):",
+    "Output token throughput (tok/s):",
     "Total Token throughput (tok/s):", "Concurrency:", "ITL/TPOT (merge factor):",
     "---------------Time to First Token----------------",
     "Mean TTFT (ms):", "Median TTFT (ms):", "P25 TTFT (ms):", "P50 TTFT (ms):", "P99 TTFT (ms):",
@@ -40,8 +41,8 @@ BLOCK_LABELS = [
 def server(tmp_path_factory):
     logs = tmp_path_factory.mktemp("bench-server")
     srv = ServerProcess(
-        tiny_model_dir("llama"), "--max-model-len", "256", "--torch-profiler-dir", str(logs / "traces"),
-        log=logs / "server.log",
+        tiny_model_dir("llama"), "--max-model-len", "256",
+        "--torch-profiler-dir", str(logs / "traces"), log=logs / "server.log",
     ).wait_ready()
     srv.trace_dir = logs / "traces" / "rank_0"
     yield srv
@@ -51,16 +52,18 @@ def server(tmp_path_factory):
 def counters(server) -> dict[str, float]:
     text = httpx.get(f"{server.base_url}/metrics").text
     out = {}
-    for name in ("atom:prompt_tokens_total", "atom:generation_tokens_total", "atom:request_success_total"):
+    for name in ("atom:prompt_tokens_total", "atom:generation_tokens_total",
+                 "atom:request_success_total"):
         values = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
-        out[name] = sum(float(v) for v in values)  # request_success has one series per finish reason
+        # request_success has one series per finish reason.
+        out[name] = sum(float(v) for v in values)
     return out
 
 
 def bench(server, tmp_path, *flags: str) -> tuple[dict, str]:
-    args = ["--model", str(tiny_model_dir("llama")), "--base-url", server.base_url, "--dataset-name", "random",
-            "--disable-tqdm", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json",
-            *flags]
+    args = ["--model", str(tiny_model_dir("llama")), "--base-url", server.base_url,
+            "--dataset-name", "random", "--disable-tqdm", "--save-result",
+            "--result-dir", str(tmp_path), "--result-filename", "r.json", *flags]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert benchmark_serving.main(args) == 0
@@ -85,12 +88,15 @@ def test_requests_and_tokens_match_usage_and_metrics(run):
     res, _, delta = run
     assert res["completed"] == 24 and res["failed"] == 0
     assert delta["atom:request_success_total"] == 24
-    assert res["total_output_tokens"] == sum(res["output_lens"]) == delta["atom:generation_tokens_total"]
+    generated = delta["atom:generation_tokens_total"]
+    assert res["total_output_tokens"] == sum(res["output_lens"]) == generated
     # Input totals are the server's usage.prompt_tokens, and the client's own count agrees.
-    assert res["total_input_tokens"] == sum(res["server_input_lens"]) == sum(res["tokenizer_input_lens"])
+    counted = sum(res["tokenizer_input_lens"])
+    assert res["total_input_tokens"] == sum(res["server_input_lens"]) == counted
     assert res["tokenizer_input_lens"] == res["server_input_lens"]
     assert all(1 <= n <= 12 for n in res["output_lens"])
-    assert all(len(itl) + 1 <= n for itl, n in zip(res["itls"], res["output_lens"]))  # >= 1 token a chunk
+    # At least one token a chunk.
+    assert all(len(itl) + 1 <= n for itl, n in zip(res["itls"], res["output_lens"]))
 
 
 def test_input_tokens_match_the_prompt_token_counter(run):
@@ -132,7 +138,8 @@ def test_printed_block_has_vllm_labels_and_order(run):
 def test_poisson_arrivals_at_rate_4(server, tmp_path):
     n = 40
     res, printed = bench(server, tmp_path, "--num-prompts", str(n), "--random-input-len", "16",
-                         "--random-output-len", "4", "--request-rate", "4", "--burstiness", "1", "--seed", "5")
+                         "--random-output-len", "4", "--request-rate", "4", "--burstiness", "1",
+                         "--seed", "5")
     assert res["completed"] == n and res["request_rate"] == 4.0
     assert "Burstiness factor: 1.0 (Poisson process)" in printed
     gaps = np.diff(res["dispatch_times"])
@@ -150,9 +157,11 @@ def test_poisson_arrivals_at_rate_4(server, tmp_path):
 def test_chat_backend_and_profile_flag_write_a_trace(server, tmp_path):
     before = set(os.listdir(server.trace_dir)) if server.trace_dir.exists() else set()
     res, printed = bench(server, tmp_path, "--backend", "openai-chat", "--num-prompts", "4",
-                         "--random-input-len", "24", "--random-output-len", "6", "--ignore-eos", "--profile")
+                         "--random-input-len", "24", "--random-output-len", "6", "--ignore-eos",
+                         "--profile")
     assert "Profiler started" in printed and "Profiler stopped" in printed
-    assert res["completed"] == 4 and res["output_lens"] == [6] * 4  # --ignore-eos: exactly max tokens
+    # --ignore-eos: exactly max tokens.
+    assert res["completed"] == 4 and res["output_lens"] == [6] * 4
     new = [f for f in set(os.listdir(server.trace_dir)) - before if f.endswith(".json.gz")]
     assert len(new) == 1
     events = json.loads(gzip.open(server.trace_dir / new[0]).read())["traceEvents"]
