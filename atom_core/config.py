@@ -14,7 +14,8 @@ from typing import Any
 from atom_core.errors import ConfigError
 
 DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
-                         136, 144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240, 248, 256]
+                         136, 144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240,
+                         248, 256]
 LOAD_DUMMY_MODES = ("empty", "zero", "xavier")
 
 
@@ -33,14 +34,18 @@ class CacheConfig:
         0.9, ("--gpu-memory-utilization",), "fraction of GPU memory the engine may use (0, 1]"
     )
     kv_cache_dtype: str = opt(
-        "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"), "KV cache dtype: bf16 (the cache is kept in the model's --dtype) or fp8 (not supported yet)",
+        "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"),
+        "KV cache dtype: bf16 (the cache is kept in the model's --dtype) or fp8 "
+        "(not supported yet)",
         choices=("bf16", "fp8", "auto"),
     )
     enable_prefix_caching: bool = opt(
-        False, ("--enable_prefix_caching", "--enable-prefix-caching"), "reuse KV blocks of shared prompt prefixes"
+        False, ("--enable_prefix_caching", "--enable-prefix-caching"),
+        "reuse KV blocks of shared prompt prefixes",
     )
     num_gpu_blocks_override: int | None = opt(
-        None, ("--num-gpu-blocks-override",), "use exactly this many KV blocks (testing, capacity planning)"
+        None, ("--num-gpu-blocks-override",),
+        "use exactly this many KV blocks (testing, capacity planning)",
     )
     cpu_kv_cache_space_gib: float = opt(
         4.0, ("--cpu-kv-cache-space",), "GiB of KV cache when running on CPU"
@@ -53,10 +58,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = opt(
         16384, ("--max-num-batched-tokens",), "maximum tokens per step; longer prefills are chunked"
     )
-    max_model_len: int | None = opt(None, ("--max-model-len",), "maximum context length (default: the model's)")
+    max_model_len: int | None = opt(
+        None, ("--max-model-len",), "maximum context length (default: the model's)"
+    )
     scheduler_delay_factor: float = opt(
         0.0, ("--scheduler-delay-factor",),
-        "wait this fraction of the last step's latency before admitting a new prompt, to batch arrivals",
+        "wait this fraction of the last step's latency before admitting a new prompt, "
+        "to batch arrivals",
     )
     # On by default: measured on an H200, it takes 0.1-0.4 ms off every decode step and
     # ~5% off an offline run's wall (bench/RESULTS.md); --no-async-scheduling gives the
@@ -64,7 +72,8 @@ class SchedulerConfig:
     async_scheduling: bool = opt(
         True, ("--async-scheduling",),
         "GPU: schedule and queue step k+1 before reading step k's tokens, so the host's work "
-        "overlaps the GPU's (a stop token or string is seen one step late; that step's token is dropped)",
+        "overlaps the GPU's (a stop token or string is seen one step late; that step's token "
+        "is dropped)",
         boolean_optional=True,
     )
 
@@ -73,27 +82,34 @@ class SchedulerConfig:
 class ParallelConfig:
     tensor_parallel_size: int = opt(1, ("--tensor-parallel-size", "-tp"), "tensor parallel size")
     data_parallel_size: int = opt(1, ("--data-parallel-size", "-dp"), "data parallel size")
-    enable_expert_parallel: bool = opt(False, ("--enable-expert-parallel",), "expert parallelism for MoE")
+    enable_expert_parallel: bool = opt(
+        False, ("--enable-expert-parallel",), "expert parallelism for MoE"
+    )
     enable_dp_attention: bool = opt(False, ("--enable-dp-attention",), "data-parallel attention")
 
 
 @dataclass
 class CompilationConfig:
-    enforce_eager: bool = opt(False, ("--enforce-eager",), "disable CUDA graph capture; run eagerly")
+    enforce_eager: bool = opt(
+        False, ("--enforce-eager",), "disable CUDA graph capture; run eagerly"
+    )
     # The guide's default is 3 (torch.compile); not built, so 0 (eager + CUDA graphs). A
     # probe of it on CPU (bench/cpu_decode.py --compiled) found no gain for ~10 s of compile.
-    level: int = opt(0, ("--level",), "compilation level 0-3; only 0 (eager, CUDA-graph decode) so far",
+    level: int = opt(0, ("--level",),
+                     "compilation level 0-3; only 0 (eager, CUDA-graph decode) so far",
                      choices=(0, 1, 2, 3))
     cudagraph_capture_sizes: list[int] = opt(
-        DEFAULT_CAPTURE_SIZES, ("--cudagraph-capture-sizes",), "batch sizes captured as CUDA graphs",
-        nargs="+",
+        DEFAULT_CAPTURE_SIZES, ("--cudagraph-capture-sizes",),
+        "batch sizes captured as CUDA graphs", nargs="+",
     )
 
 
 @dataclass
 class SpeculativeConfig:
     method: str | None = opt(None, ("--method",), "speculative decoding method (e.g. mtp)")
-    num_speculative_tokens: int = opt(1, ("--num-speculative-tokens",), "speculative tokens per step")
+    num_speculative_tokens: int = opt(
+        1, ("--num-speculative-tokens",), "speculative tokens per step"
+    )
 
 
 @dataclass
@@ -102,17 +118,22 @@ class ModelConfig:
         None, ("--model",), "HF directory, .gguf file, or config.json with --load_dummy "
         "(default: the embedded SmolLM2-135M-Instruct)"
     )
-    tokenizer: str | None = opt(None, ("--tokenizer",), "tokenizer directory (default: the model's)")
+    tokenizer: str | None = opt(
+        None, ("--tokenizer",), "tokenizer directory (default: the model's)"
+    )
     dtype: str = opt(
         "auto", ("--dtype",), "weights and activations dtype: auto (bf16 on GPU, fp32 on CPU), "
-        "bfloat16, float16, float32", choices=("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"),
+        "bfloat16, float16, float32",
+        choices=("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32"),
     )
     load_dummy: str | None = opt(
         None, ("--load_dummy", "--load-dummy"),
-        "dummy weights, no checkpoint read: bare flag or =empty, =zero, =xavier", nargs="?", const="empty",
-        choices=LOAD_DUMMY_MODES,
+        "dummy weights, no checkpoint read: bare flag or =empty, =zero, =xavier",
+        nargs="?", const="empty", choices=LOAD_DUMMY_MODES,
     )
-    trust_remote_code: bool = opt(False, ("--trust-remote-code",), "trust remote code (refused: not supported)")
+    trust_remote_code: bool = opt(
+        False, ("--trust-remote-code",), "trust remote code (refused: not supported)"
+    )
     seed: int = opt(0, ("--seed",), "seed for dummy weights and unseeded sampling")
     device: str = opt("auto", ("--device",), "auto, cpu or cuda")
 
@@ -122,11 +143,16 @@ class ObservabilityConfig:
     enable_log_stats: bool = opt(
         True, ("--enable-log-stats",), "emit the periodic engine-status line", boolean_optional=True
     )
-    throughput_log_interval: float = opt(10.0, ("--throughput-log-interval",), "seconds between status lines")
-    torch_profiler_dir: str | None = opt(None, ("--torch-profiler-dir",), "directory for torch profiler traces")
+    throughput_log_interval: float = opt(
+        10.0, ("--throughput-log-interval",), "seconds between status lines"
+    )
+    torch_profiler_dir: str | None = opt(
+        None, ("--torch-profiler-dir",), "directory for torch profiler traces"
+    )
     mark_trace: bool = opt(
         False, ("--mark-trace",),
-        "write one trace per captured CUDA-graph size to {profiler dir}/capture_traces/ (needs a profiler dir)",
+        "write one trace per captured CUDA-graph size to {profiler dir}/capture_traces/ "
+        "(needs a profiler dir)",
     )
     # Accepted so the serving guide's command lines run; the engine link is private IPC.
     port: int = opt(
@@ -172,13 +198,15 @@ class Config:
 
     def validate(self) -> None:
         """Refuse what this version does not implement, rather than ignoring it."""
-        p, c, s, m = self.parallel_config, self.cache_config, self.scheduler_config, self.model_config
+        p, c = self.parallel_config, self.cache_config
+        s, m = self.scheduler_config, self.model_config
         if p.tensor_parallel_size != 1:
             raise ConfigError("--tensor-parallel-size > 1 is not supported yet; run with -tp 1")
         if p.data_parallel_size != 1:
             raise ConfigError("--data-parallel-size > 1 is not supported yet; run with -dp 1")
         if p.enable_expert_parallel or p.enable_dp_attention:
-            raise ConfigError("--enable-expert-parallel / --enable-dp-attention are not supported yet")
+            raise ConfigError(
+                "--enable-expert-parallel / --enable-dp-attention are not supported yet")
         if c.kv_cache_dtype == "fp8":
             raise ConfigError("--kv_cache_dtype fp8 is not supported yet; use bf16 (the default)")
         if self.compilation_config.level != 0:
@@ -187,13 +215,16 @@ class Config:
                 "use --level 0 (eager prefill, CUDA-graph decode)"
             )
         if self.speculative_config.method is not None:
-            raise ConfigError(f"speculative decoding (--method {self.speculative_config.method}) is not supported yet")
+            raise ConfigError(f"speculative decoding (--method {self.speculative_config.method}) "
+                              "is not supported yet")
         if m.trust_remote_code:
-            raise ConfigError("--trust-remote-code is not supported: ATOM runs only registered architectures")
+            raise ConfigError("--trust-remote-code is not supported: "
+                              "ATOM runs only registered architectures")
         if c.block_size < 1 or c.block_size & (c.block_size - 1):
             raise ConfigError(f"--block-size must be a power of two, got {c.block_size}")
         if not 0 < c.gpu_memory_utilization <= 1:
-            raise ConfigError(f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
+            raise ConfigError(
+                f"--gpu-memory-utilization must be in (0, 1], got {c.gpu_memory_utilization}")
         if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 1:
             raise ConfigError("--num-gpu-blocks-override must be >= 1")
         if s.max_num_seqs < 1 or s.max_num_batched_tokens < 1:
@@ -203,7 +234,8 @@ class Config:
         if s.scheduler_delay_factor < 0:
             raise ConfigError("--scheduler-delay-factor must be >= 0")
         if m.load_dummy is not None and m.load_dummy not in LOAD_DUMMY_MODES:
-            raise ConfigError(f"--load_dummy must be one of {LOAD_DUMMY_MODES}, got {m.load_dummy!r}")
+            raise ConfigError(
+                f"--load_dummy must be one of {LOAD_DUMMY_MODES}, got {m.load_dummy!r}")
         o = self.observability_config
         if o.mark_trace and not (o.torch_profiler_dir or os.environ.get("ATOM_TORCH_PROFILER_DIR")):
             raise ConfigError("--mark-trace needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR")

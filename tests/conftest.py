@@ -34,4 +34,6 @@ def hf_smollm2():
     from atom_core.loader import embedded_model_path
 
     path = embedded_model_path()
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()

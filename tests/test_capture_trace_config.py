@@ -9,7 +9,8 @@ def test_mark_trace_needs_a_profiler_dir(monkeypatch):
     monkeypatch.delenv("ATOM_TORCH_PROFILER_DIR", raising=False)
     with pytest.raises(ConfigError, match="--mark-trace needs"):
         Config.from_kwargs(mark_trace=True)
-    assert Config.from_kwargs(mark_trace=True, torch_profiler_dir="/tmp/x").observability_config.mark_trace
+    config = Config.from_kwargs(mark_trace=True, torch_profiler_dir="/tmp/x")
+    assert config.observability_config.mark_trace
     monkeypatch.setenv("ATOM_TORCH_PROFILER_DIR", "/tmp/y")
     assert Config.from_kwargs(mark_trace=True).observability_config.mark_trace
 

@@ -43,7 +43,8 @@ def test_flags_reach_their_config_part():
         "--model", "/m", "--max-model-len", "128", "--max-num-batched-tokens", "64",
         "--max-num-seqs", "4", "--block-size", "32", "--enable_prefix_caching", "--enforce-eager",
         "--seed", "7", "--dtype", "float32", "--scheduler-delay-factor", "0.5",
-        "--no-enable-log-stats", "--throughput-log-interval", "2", "--gpu-memory-utilization", "0.5",
+        "--no-enable-log-stats", "--throughput-log-interval", "2",
+        "--gpu-memory-utilization", "0.5",
     )
     assert c.model_config.model == "/m"
     assert c.scheduler_config.max_model_len == 128
@@ -62,8 +63,8 @@ def test_flags_reach_their_config_part():
 
 @pytest.mark.parametrize(
     "argv, mode",
-    [(["--load_dummy"], "empty"), (["--load_dummy=empty"], "empty"), (["--load_dummy", "zero"], "zero"),
-     (["--load-dummy=xavier"], "xavier"), ([], None)],
+    [(["--load_dummy"], "empty"), (["--load_dummy=empty"], "empty"),
+     (["--load_dummy", "zero"], "zero"), (["--load-dummy=xavier"], "xavier"), ([], None)],
 )
 def test_load_dummy_forms(argv, mode):
     assert parse(*argv).model_config.load_dummy == mode
