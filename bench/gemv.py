@@ -54,9 +54,8 @@ from atom_kernels_triton.gemv_config import (  # noqa: E402
     get_config,
 )
 from atom_kernels_triton.norm import fused_add_rms_norm  # noqa: E402
-from gpu_timing import graph_us  # noqa: E402
+from common import MODELS, graph_us, load_config  # noqa: E402
 
-MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 SMEM_BYTES = 220 * 1024  # H100/H200 allow 227 KiB per block; keep a little slack
@@ -322,10 +321,6 @@ def time_fused(
             graph_us(calls_of(lambda a, w: linear(fused_add_rms_norm(a, res, nw, 1e-6)[0], w), x)))
 
 
-def load_config(model: str) -> dict[str, Any]:
-    return json.loads((ROOT / "bench" / "configs" / model / "config.json").read_text())
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
@@ -354,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("bench/gemv.py needs a CUDA GPU")
-    from gpu_models import copy_bandwidth, machine
+    from common import copy_bandwidth, machine
 
     dtype = DTYPES[args.dtype]
     props = torch.cuda.get_device_properties(0)

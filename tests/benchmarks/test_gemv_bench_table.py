@@ -1,6 +1,5 @@
 """bench/gemv.py's table side on CPU: which measured points become ``TUNED`` entries, and
-``--table-from`` merging stored runs (later files win per point) into the printed table;
-bench/router_gemv.py's shapes and sweep."""
+``--table-from`` merging stored runs (later files win per point) into the printed table."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import pytest
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gemv  # noqa: E402
-import router_gemv  # noqa: E402
 from atom_kernels_triton.gemv_config import GemvConfig  # noqa: E402
 
 CFG = GemvConfig(BLOCK_N=4, BLOCK_K=512, SPLIT_K=1, num_warps=4, num_stages=2)
@@ -41,11 +39,13 @@ def test_a_config_is_kept_only_where_it_beats_cublas_by_the_margin():
 def test_entries_chosen_in_the_model_are_kept_over_the_sweeps_pick():
     # Qwen3-0.6B's one-row o_proj: the sweep's pick (CFG) loses to the table's whole-slice
     # entry; its 16-row point is the sweep's as usual.
-    lines = gemv.tuned_entries([point(1024, 2048, 1, 10.0, 5.0), point(1024, 2048, 16, 10.0, 5.0, CFG2)])
+    lines = gemv.tuned_entries([point(1024, 2048, 1, 10.0, 5.0),
+                                point(1024, 2048, 16, 10.0, 5.0, CFG2)])
     text = "\n".join(lines)
     kept = gemv.TUNED[(1024, 2048)][1]
     assert kept["BLOCK_K"] == 2048 and (1024, 2048, 1) in gemv.IN_MODEL
-    assert "1: GemvConfig(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, num_warps=4, num_stages=2),  # chosen in the model" in text
+    assert ("1: GemvConfig(BLOCK_N=4, BLOCK_K=2048, SPLIT_K=1, num_warps=4, num_stages=2),"
+            "  # chosen in the model") in text
     assert "16: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in text
 
 
@@ -53,13 +53,15 @@ def test_32_row_entries_survive_a_table_regenerated_from_the_sweep():
     # The sweep stops at 16 rows; the table's 32-row tile for Qwen3-8B's o_proj stays.
     text = "\n".join(gemv.tuned_entries([point(4096, 4096, 16, 10.0, 5.0, CFG2)]))
     kept = gemv.TUNED[(4096, 4096)][32]
-    assert "32: GemvConfig(" + ", ".join(f"{k}={v}" for k, v in kept.items()) + "),  # chosen in" in text
+    fields = ", ".join(f"{k}={v}" for k, v in kept.items())
+    assert "32: GemvConfig(" + fields + "),  # chosen in" in text
     assert "16: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2," in text
 
 
 def test_table_from_merges_runs_later_files_winning(tmp_path, capsys):
     first, second = tmp_path / "a.json", tmp_path / "b.json"
-    first.write_text(json.dumps({"results": [point(2048, 2048, 1, 10.0, 9.0), point(2048, 2048, 4, 10.0, 11.0)]}))
+    first.write_text(json.dumps({"results": [point(2048, 2048, 1, 10.0, 9.0),
+                                             point(2048, 2048, 4, 10.0, 11.0)]}))
     second.write_text(json.dumps({"results": [point(2048, 2048, 4, 10.0, 8.0, CFG2)]}))
     gemv.main(["--table-from", str(first), str(second)])
     out = capsys.readouterr().out
@@ -83,33 +85,24 @@ def test_the_sweeps_leaders_are_timed_again_before_one_is_chosen():
     assert timed == [CFG, CFG2, third]  # the three leaders only
 
 
-def test_router_bench_shapes_and_sweep():
-    assert router_gemv.router_shape("qwen3-30b-a3b") == (128, 2048)
-    assert router_gemv.router_shape("deepseek-v2-lite") == (64, 2048)
-    for m in (2, 8, 32, 128):
-        configs = router_gemv.sweep_configs(m)
-        rows = min(16, 1 << (m - 1).bit_length())
-        assert configs and all(rows * c["BLOCK_N"] * c["BLOCK_K"] <= 4096 * c["num_warps"] for c in configs)
-    # The sweep holds what the FMA path's rule picks for the 30B router.
-    picked = {(c["BLOCK_N"], c["BLOCK_K"], c["SPLIT_K"]) for c in router_gemv.sweep_configs(32)}
-    assert (4, 256, 4) in picked and (4, 256, 1) in picked
-
-
 def test_the_32_row_sweep_holds_the_shipped_tiles_within_shared_memory():
     grid = gemv.candidates(32, 4096, 4096, 2)
     for n, k in [(4096, 4096), (4096, 12288), (2048, 4096), (6144, 4096), (24576, 4096)]:
         assert gemv.TUNED[(n, k)][32] in gemv.candidates(32, n, k, 2), (n, k)
-    assert all(c["num_stages"] * (c["BLOCK_N"] + 32) * c["BLOCK_K"] * 2 <= gemv.SMEM_BYTES for c in grid)
+    assert all(c["num_stages"] * (c["BLOCK_N"] + 32) * c["BLOCK_K"] * 2 <= gemv.SMEM_BYTES
+               for c in grid)
     assert gemv.parse_args(["--rows", "1", "16", "32"]).rows == [1, 16, 32]
     with pytest.raises(SystemExit):
         gemv.parse_args(["--rows", "24"])
 
 
 def test_a_32_row_pick_is_a_comment_until_checked_in_the_model():
-    lines = gemv.tuned_entries([point(2048, 2048, 32, 10.0, 5.0, CFG2), point(2048, 2048, 16, 10.0, 5.0, CFG2),
+    lines = gemv.tuned_entries([point(2048, 2048, 32, 10.0, 5.0, CFG2),
+                                point(2048, 2048, 16, 10.0, 5.0, CFG2),
                                 point(4096, 4096, 32, 10.0, 5.0, CFG2)])
     text = "\n".join(lines)
-    assert "        # 32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=3),  # swept" in text
+    assert ("        # 32: GemvConfig(BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, "
+            "num_stages=3),  # swept") in text
     assert "        16: GemvConfig(BLOCK_N=64" in text
     kept = gemv.TUNED[(4096, 4096)][32]  # in IN_MODEL: the table's, not the sweep's
     assert "        32: GemvConfig(BLOCK_N=" + str(kept["BLOCK_N"]) in text and kept != CFG2
