@@ -96,11 +96,14 @@ class RowParallelLinear(LinearBase):
         _, tp_size = tp_rank_and_size()
         super().__init__(_divide(input_size, tp_size), output_size, bias, tp_dim=1)
 
-    def forward(self, x: torch.Tensor, add_norm: AddNorm | None = None) -> torch.Tensor | DeferredNorm:
+    def forward(
+        self, x: torch.Tensor, add_norm: AddNorm | None = None
+    ) -> torch.Tensor | DeferredNorm:
         """``add_norm``: the next block's residual add and norm, for the op to finish where it
         can (``atom_core.ops.deferred_norm``)."""
         # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
-        return self._linear(x, self.weight, self.bias if self.tp_rank == 0 else None, add_norm=add_norm)
+        bias = self.bias if self.tp_rank == 0 else None
+        return self._linear(x, self.weight, bias, add_norm=add_norm)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -172,6 +175,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             offset, size = self.q_size + self.kv_size, self.kv_size
             rank = self.tp_rank // self.num_kv_head_replicas
         else:
-            raise ValueError(f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
+            raise ValueError(
+                f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
         target = param.data.narrow(0, offset, size)
         default_weight_loader(target, loaded_weight.narrow(0, rank * size, size))

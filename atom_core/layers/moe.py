@@ -85,13 +85,17 @@ class TopKRouter(nn.Module):
 
 # Checkpoint projection name -> FusedMoE shard: w1 = gate, w3 = up (the two halves of w13),
 # w2 = down. HF names (gate_proj/up_proj/down_proj) and Mixtral's (w1/w3/w2) both occur.
-EXPERT_SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
+EXPERT_SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2",
+                 "w1": "w1", "w3": "w3", "w2": "w2"}
 _PER_EXPERT = re.compile(
-    r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
+    r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)"
+    r"\.(?P<proj>gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
 )
 _STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
 # A shared-expert MLP beside the experts: ``<prefix>.shared_experts`` next to ``<prefix>.experts``.
-_SHARED = re.compile(r"^(?P<prefix>.*)\.shared_experts\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_SHARED = re.compile(
+    r"^(?P<prefix>.*)\.shared_experts\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
 
 
 class FusedMoE(nn.Module):
@@ -103,18 +107,25 @@ class FusedMoE(nn.Module):
     lands, as for RowParallelLinear)."""
 
     def __init__(
-        self, num_experts: int, hidden_size: int, intermediate_size: int, *, num_shared_experts: int = 0
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        num_shared_experts: int = 0,
     ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank_and_size()
         if intermediate_size % self.tp_size:
-            raise ValueError(f"{intermediate_size} is not divisible by tensor parallel size {self.tp_size}")
+            raise ValueError(
+                f"{intermediate_size} is not divisible by tensor parallel size {self.tp_size}")
         self.num_experts = num_experts
         self.num_shared_experts = num_shared_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size // self.tp_size
         inter, total = self.intermediate_size, num_experts + num_shared_experts
-        self.w13_weight = nn.Parameter(torch.empty(total, 2 * inter, hidden_size), requires_grad=False)
+        self.w13_weight = nn.Parameter(torch.empty(total, 2 * inter, hidden_size),
+                                       requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(total, hidden_size, inter), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
@@ -149,11 +160,14 @@ class FusedMoE(nn.Module):
         else:
             raise ValueError(f"FusedMoE shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}")
 
-    def shared_weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str) -> None:
+    def shared_weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str
+    ) -> None:
         """The shared MLP's whole ``w1`` (gate [n*I, H]), ``w3`` (up [n*I, H]) or ``w2``
         (down [H, n*I]): chunk j of I is shared expert j, loaded as expert num_experts + j."""
         dim, full = (1 if shard_id == "w2" else 0), self.intermediate_size * self.tp_size
-        if not self.num_shared_experts or loaded_weight.shape[dim] != self.num_shared_experts * full:
+        shared_rows = self.num_shared_experts * full
+        if not self.num_shared_experts or loaded_weight.shape[dim] != shared_rows:
             raise ValueError(
                 f"shared expert tensor of shape {tuple(loaded_weight.shape)} does not fit "
                 f"{self.num_shared_experts} shared experts of intermediate size {full}"
@@ -207,7 +221,8 @@ def load_hf_moe_weights(
             if m is not None and m["prefix"] in moes:
                 moe, shard, expert = moes[m["prefix"]], EXPERT_SHARDS[m["proj"]], int(m["expert"])
                 if not 0 <= expert < moe.num_experts:
-                    raise ValueError(f"checkpoint tensor {name!r}: the model has {moe.num_experts} routed experts")
+                    raise ValueError(f"checkpoint tensor {name!r}: the model has "
+                                     f"{moe.num_experts} routed experts")
                 target = _stack_name(m["prefix"], shard)
                 params[target].weight_loader(params[target], tensor, shard, expert)
                 mark(target, [(expert, shard)])

@@ -80,7 +80,8 @@ def _yarn_inv_freq(
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # avoid a zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low)).clamp(0, 1)
+    dim_index = torch.arange(dim // 2, dtype=torch.float32, device="cpu")
+    ramp = ((dim_index - low) / (high - low)).clamp(0, 1)
     pos_freqs = base ** (torch.arange(0, dim, 2, device="cpu").float() / dim)
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     extrapolation_factor = 1 - ramp
@@ -92,7 +93,8 @@ def rope_inv_freq(
     rotary_dim: int, max_position: int, base: float, rope_scaling: dict[str, Any] | None
 ) -> tuple[torch.Tensor, float]:
     """(inv_freq [rotary_dim // 2] fp32 on CPU, attention factor scaling cos/sin)."""
-    rope_type = None if rope_scaling is None else rope_scaling.get("rope_type", rope_scaling.get("type"))
+    rope_type = (None if rope_scaling is None
+                 else rope_scaling.get("rope_type", rope_scaling.get("type")))
     if rope_type in (None, "default"):
         return _base_inv_freq(base, rotary_dim), 1.0
     if rope_type == "linear":
@@ -126,7 +128,8 @@ class RotaryEmbedding(nn.Module):
             original = rope_scaling["original_max_position_embeddings"]
             max_position = max(max_position, int(original * (rope_scaling.get("factor") or 1)))
         # Built on CPU in fp32 (transformers' numerics), then moved; kept fp32 in any model dtype.
-        freqs = torch.arange(max_position, dtype=torch.float32, device="cpu")[:, None] * inv_freq[None, :]
+        positions = torch.arange(max_position, dtype=torch.float32, device="cpu")
+        freqs = positions[:, None] * inv_freq[None, :]
         cache = torch.cat((freqs.cos() * attention_factor, freqs.sin() * attention_factor), dim=-1)
         device = get_build_context().device
         self.register_buffer("cos_sin_cache", cache.to(device), persistent=False)

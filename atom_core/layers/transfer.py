@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 
 
-def host_to_device(values: list, dtype: torch.dtype, device: torch.device | str | None) -> torch.Tensor:
+def host_to_device(
+    values: list, dtype: torch.dtype, device: torch.device | str | None
+) -> torch.Tensor:
     """``torch.tensor(values, dtype=dtype, device=device)``, asynchronously on CUDA."""
     host = torch.tensor(values, dtype=dtype)
     device = torch.device(device) if device is not None else host.device

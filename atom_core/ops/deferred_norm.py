@@ -51,7 +51,9 @@ class DeferredNorm(NamedTuple):
     eps: float
 
 
-def normed(d: DeferredNorm, rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]) -> torch.Tensor:
+def normed(
+    d: DeferredNorm, rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+) -> torch.Tensor:
     """The norm's output itself, from ``rms_norm`` over h (the unfused op's bits)."""
     return rms_norm(d.summed, d.weight, d.eps)
 

@@ -29,7 +29,8 @@ def test_qkv_loads_separate_checkpoint_tensors():
     hidden, head, heads, kv_heads = 16, 4, 4, 2
     layer = QKVParallelLinear(hidden, head, heads, kv_heads, bias=True)
     assert (layer.q_size, layer.kv_size) == (16, 8)
-    parts = {s: (torch.randn(n, hidden), torch.randn(n)) for s, n in (("q", 16), ("k", 8), ("v", 8))}
+    parts = {s: (torch.randn(n, hidden), torch.randn(n))
+             for s, n in (("q", 16), ("k", 8), ("v", 8))}
     for shard, (w, b) in parts.items():
         layer.weight.weight_loader(layer.weight, w, shard)
         layer.bias.weight_loader(layer.bias, b, shard)

@@ -55,7 +55,8 @@ class Sequences:
             return torch.cat([parts[s][a:b] for s, (a, b) in zip(seqs, spans)])
 
         out = self.backend.forward(
-            cat(self.q_nope), cat(self.q_pe), cat(self.kv_c), cat(self.k_pe), self.w, self.cache, meta
+            cat(self.q_nope), cat(self.q_pe), cat(self.kv_c), cat(self.k_pe), self.w, self.cache,
+            meta,
         )
         assert out.shape == (sum(b - a for a, b in spans), HEADS * V)
         return out.view(-1, HEADS, V).split([b - a for a, b in spans])
@@ -108,7 +109,8 @@ def test_absorbed_decode_equals_expanded_prefill_on_the_same_cache(block_size):
     chunk = expanded.step(every, [(n - 2, n) for n in lengths])
     for s, n in enumerate(lengths):
         torch.testing.assert_close(decode[s][0], chunk[s][-1], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(decode[s][0].double(), absorbed.reference(s, n - 1, n)[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(decode[s][0].double(), absorbed.reference(s, n - 1, n)[0],
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_bf16_latent_cache():

@@ -30,7 +30,8 @@ def random_routing(num_tokens, num_experts, top_k, g):
     return torch.rand(num_tokens, top_k, generator=g), ids
 
 
-@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (7, 8, 3), (33, 16, 4), (5, 3, 3)])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k",
+                         [(1, 4, 2), (7, 8, 3), (33, 16, 4), (5, 3, 3)])
 def test_fused_moe_matches_dense_reference(num_tokens, num_experts, top_k):
     g = torch.Generator().manual_seed(num_tokens * 10 + num_experts)
     hidden_size, inter = 24, 10
@@ -40,7 +41,8 @@ def test_fused_moe_matches_dense_reference(num_tokens, num_experts, top_k):
     weights, ids = random_routing(num_tokens, num_experts, top_k, g)
     out = fused_moe(hidden, w13, w2, weights, ids)
     assert out.shape == hidden.shape and out.dtype == hidden.dtype
-    torch.testing.assert_close(out.double(), dense_reference(hidden, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
+    expected = dense_reference(hidden, w13, w2, weights, ids)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_fused_moe_skips_ids_outside_the_local_experts():
@@ -50,7 +52,8 @@ def test_fused_moe_skips_ids_outside_the_local_experts():
     weights, ids = random_routing(6, 4, 2, g)
     ids[0, 1], ids[3, 0], ids[5] = -1, 4, -1  # another rank's expert / padding
     out = fused_moe(hidden, w13, w2, weights, ids)
-    torch.testing.assert_close(out.double(), dense_reference(hidden, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
+    expected = dense_reference(hidden, w13, w2, weights, ids)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(out[5], torch.zeros(16))
 
 

@@ -86,7 +86,8 @@ def test_shared_tensors_load_into_the_slots_after_the_routed_experts():
         gate = weights["mlp.shared_experts.gate_proj.weight"][chunk]
         up = weights["mlp.shared_experts.up_proj.weight"][chunk]
         assert torch.equal(w13[NUM_EXPERTS + j], torch.cat((gate, up)))
-        assert torch.equal(w2[NUM_EXPERTS + j], weights["mlp.shared_experts.down_proj.weight"][:, chunk])
+        down = weights["mlp.shared_experts.down_proj.weight"][:, chunk]
+        assert torch.equal(w2[NUM_EXPERTS + j], down)
 
     # transformers' stacked routed layout fills the routed slots alone; the shared ones
     # still come from the shared MLP's names.
@@ -119,7 +120,8 @@ def test_a_missing_tensor_leaves_its_stack_unloaded(dropped, missing):
 
 def test_shared_tensor_of_the_wrong_size_and_out_of_range_experts_are_errors():
     weights = dict(checkpoint(1))
-    one_shared = ("mlp.shared_experts.gate_proj.weight", weights["mlp.shared_experts.gate_proj.weight"])
+    gate_name = "mlp.shared_experts.gate_proj.weight"
+    one_shared = (gate_name, weights[gate_name])
     with pytest.raises(ValueError, match="2 shared experts"):
         load_hf_moe_weights(fused_model(2), [one_shared])
     gate = weights["mlp.experts.0.gate_proj.weight"]
@@ -140,4 +142,5 @@ def test_tensor_parallel_slices_sum_to_the_whole(monkeypatch):
         assert part.mlp.experts.w13_weight.shape == (NUM_EXPERTS + 2, INTER, HIDDEN)
         load_hf_moe_weights(part, weights)
         total += part.mlp.experts(x, topk_weights, topk_ids)  # what the all-reduce sums
-    torch.testing.assert_close(total, whole.mlp.experts(x, topk_weights, topk_ids), atol=1e-5, rtol=1e-5)
+    expected = whole.mlp.experts(x, topk_weights, topk_ids)
+    torch.testing.assert_close(total, expected, atol=1e-5, rtol=1e-5)

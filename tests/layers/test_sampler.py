@@ -52,7 +52,8 @@ def test_greedy_on_model_dtype_logits_equals_fp32(dtype):
     logits = (torch.randn(8, 3000, generator=gen(5)) * 4).to(dtype)
     logits[3, 100] = logits[3, 2000] = logits[3].max()
     wide = logits.float()
-    assert torch.equal(run(logits, [SamplingParams(temperature=0.0)] * 8).token_ids, wide.argmax(-1))
+    greedy = run(logits, [SamplingParams(temperature=0.0)] * 8)
+    assert torch.equal(greedy.token_ids, wide.argmax(-1))
     params = [SamplingParams(temperature=0.0)] * 8
     params[1] = SamplingParams(temperature=0.8, seed=3)
     params[2] = SamplingParams(temperature=0.0, logprobs=2)
@@ -178,7 +179,8 @@ def test_penalties_match_hand_computation():
     batch = SamplingBatch.build([SamplingParams(), p], prompt * 2, output * 2, [None] * 2, "cpu")
     got = apply_penalties(logits.expand(2, -1), batch)
     assert torch.equal(got[0], logits[0]) and torch.allclose(got[1], want[0])
-    # Greedy picks from the penalised logits: token 2 (3.0 -> 0.75) and 0 (2.0 -> 1.0) lose to 5 (1.2).
+    # Greedy picks from the penalised logits: token 2 (3.0 -> 0.75) and 0 (2.0 -> 1.0) lose
+    # to 5 (1.2).
     out = run(
         logits,
         [

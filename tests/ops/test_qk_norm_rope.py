@@ -28,7 +28,8 @@ def case(dtype, q_heads=4, kv_heads=2, head=32, rot_dim=32, tokens=5, blocks=6, 
     cos_sin = rand(64, rot_dim, seed=3)
     pos = torch.tensor([0, 7, 3, 63, 12, 5, 9][:tokens], device=DEVICE)
     slots = torch.tensor([3, 17, -1, 0, 22, -1, 8][:tokens], device=DEVICE)
-    cache = torch.full((2, blocks, block_size, kv_heads, head), float("nan"), dtype=dtype, device=DEVICE)
+    cache = torch.full((2, blocks, block_size, kv_heads, head), float("nan"), dtype=dtype,
+                       device=DEVICE)
     return q, k, v, qw, kw, pos, cos_sin, cache, slots
 
 

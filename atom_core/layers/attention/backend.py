@@ -60,7 +60,9 @@ class AttentionBackend(ABC):
         self._ops: dict[tuple[str, str], Callable[..., Any]] = {}  # see _op
 
     @staticmethod
-    def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+    def kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     @abstractmethod

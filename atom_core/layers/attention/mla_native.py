@@ -151,7 +151,9 @@ class NativeMLABackend(MLABackend):
         kv = F.linear(kv_c.to(q_nope.dtype), kv_b_weight.to(q_nope.dtype))
         kv = kv.view(length, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
         k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        k_rope = k_pe.to(q_nope.dtype)[:, None, :].expand(length, self.num_heads, self.qk_rope_head_dim)
+        k_rope = k_pe.to(q_nope.dtype)[:, None, :].expand(
+            length, self.num_heads, self.qk_rope_head_dim
+        )
         key = torch.cat((k_nope, k_rope), dim=-1)
         query = torch.cat((q_nope, q_pe.to(q_nope.dtype)), dim=-1)
         out = F.scaled_dot_product_attention(

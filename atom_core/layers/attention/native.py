@@ -58,7 +58,8 @@ class NativeAttentionBackend(AttentionBackend):
             rows = host_to_device([starts[i] for i in decodes], torch.long, q.device)
             lens = [seq_lens[i] for i in decodes]
             out[rows] = self._decode(
-                q[rows], kv_cache, meta.block_tables[seqs], meta.seq_lens[seqs], min(lens), max(lens)
+                q[rows], kv_cache, meta.block_tables[seqs], meta.seq_lens[seqs],
+                min(lens), max(lens),
             )
         for i in range(meta.num_seqs):
             start, end = starts[i], starts[i + 1]

@@ -11,8 +11,10 @@ from atom_core.layers.attention.native import NativeAttentionBackend
 @hookimpl
 def register_attention_backends(register):
     register(
-        "native", NativeAttentionBackend, device_kinds=("cpu", "cuda", "hip"), kind="mha", priority=0
+        "native", NativeAttentionBackend, device_kinds=("cpu", "cuda", "hip"), kind="mha",
+        priority=0,
     )
     register(
-        "native_mla", NativeMLABackend, device_kinds=("cpu", "cuda", "hip"), kind="mla", priority=0
+        "native_mla", NativeMLABackend, device_kinds=("cpu", "cuda", "hip"), kind="mla",
+        priority=0,
     )

@@ -15,7 +15,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, add_norm: AddNorm | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    add_norm: AddNorm | None = None,
 ) -> torch.Tensor:
     """The gated MLP's activation and down projection: ``F.linear(silu_and_mul(x), weight,
     bias)`` for x of last dimension 2K and weight [N, K]; ``add_norm`` declined, as

@@ -27,9 +27,13 @@ from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_core.ops.native.linear import linear, rows_of
 
 
-def with_shared_expert_ids(topk_ids: torch.Tensor, num_experts: int, num_shared: int) -> torch.Tensor:
-    """The routed ids [T, k] with the shared experts' ids, E - n .. E - 1, appended to each row."""
-    ids = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype, device=topk_ids.device)
+def with_shared_expert_ids(
+    topk_ids: torch.Tensor, num_experts: int, num_shared: int
+) -> torch.Tensor:
+    """The routed ids [T, k] with the shared experts' ids, E - n .. E - 1, appended to each
+    row."""
+    ids = torch.arange(num_experts - num_shared, num_experts, dtype=topk_ids.dtype,
+                       device=topk_ids.device)
     return torch.cat((topk_ids, ids.expand(topk_ids.shape[0], -1)), dim=1)
 
 
@@ -56,7 +60,9 @@ def fused_moe(
     normed, as ``linear`` does."""
     hidden = rows_of(hidden)
     if num_shared_experts:
-        topk_weights, topk_ids = with_shared_experts(topk_weights, topk_ids, w13.shape[0], num_shared_experts)
+        topk_weights, topk_ids = with_shared_experts(
+            topk_weights, topk_ids, w13.shape[0], num_shared_experts
+        )
     num_tokens, top_k = topk_ids.shape
     num_experts, inter2, _ = w13.shape
     inter = inter2 // 2
