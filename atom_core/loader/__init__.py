@@ -67,7 +67,11 @@ def architecture(hf_config: PretrainedConfig) -> str:
 
 
 def build_model(
-    hf_config: PretrainedConfig, device: torch.device | str, dtype: torch.dtype, *, meta: bool = False
+    hf_config: PretrainedConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    meta: bool = False,
 ) -> nn.Module:
     """Construct the registered class for the config's architecture on ``device`` in ``dtype``;
     ``meta``: its parameters on the meta device instead (sizes only, no memory), ops still

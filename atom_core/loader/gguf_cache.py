@@ -148,8 +148,8 @@ def _parse(path: Path, check: Callable[[Index], None]) -> Header:
         architecture=text("general.architecture"),
         chat_template=text("tokenizer.chat_template"),
         tensors=[
-            TensorEntry(t.name, int(t.tensor_type), int(t.data_offset), int(t.data.nbytes), t.data.dtype.str,
-                        list(t.data.shape))
+            TensorEntry(t.name, int(t.tensor_type), int(t.data_offset), int(t.data.nbytes),
+                        t.data.dtype.str, list(t.data.shape))
             for t in reader.tensors
         ],
     )
@@ -196,7 +196,8 @@ def _write_entry(entry: Path, header: Header, *, replace: bool) -> None:
         entry.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     except OSError as exc:
-        logger.warning("GGUF cache %s is not writable (%s): each load will parse the header", entry.parent, exc)
+        logger.warning("GGUF cache %s is not writable (%s): each load will parse the header",
+                       entry.parent, exc)
         return
     try:
         header.config.save_pretrained(scratch / "config")

@@ -1,4 +1,5 @@
-"""A Hugging Face model directory: config.json, safetensors weights, tokenizer, generation config."""
+"""A Hugging Face model directory: config.json, safetensors weights, tokenizer, generation
+config."""
 
 from __future__ import annotations
 

@@ -84,7 +84,8 @@ def test_the_entry_gives_what_the_parse_gives(cached):
     a, b = parsed.load_tokenizer(), from_entry.load_tokenizer()
     assert [a(t)["input_ids"] for t in TEXTS] == [b(t)["input_ids"] for t in TEXTS]
     assert a.decode(list(range(400))) == b.decode(list(range(400)))
-    assert (a.bos_token_id, a.eos_token_id, a.pad_token_id) == (b.bos_token_id, b.eos_token_id, b.pad_token_id)
+    assert ((a.bos_token_id, a.eos_token_id, a.pad_token_id)
+            == (b.bos_token_id, b.eos_token_id, b.pad_token_id))
     assert a.added_tokens_decoder == b.added_tokens_decoder and len(a) == len(b)
 
 
@@ -104,7 +105,8 @@ def test_the_parse_gives_what_transformers_gives_on_its_own(cached):
     theirs = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
     assert theirs.pop("architectures") is None  # load_config names ATOM's model class
     assert ours.pop("architectures") == ["LlamaForCausalLM"] and ours == theirs
-    a, b = parsed.load_tokenizer(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    a = parsed.load_tokenizer()
+    b = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     assert [a(t)["input_ids"] for t in TEXTS] == [b(t)["input_ids"] for t in TEXTS]
     assert a.decode(list(range(400))) == b.decode(list(range(400)))
     assert a.added_tokens_decoder == b.added_tokens_decoder and len(a) == len(b)
@@ -122,7 +124,8 @@ def test_other_files_get_a_reader_of_their_own(tmp_path):
             assert gguf.GGUFReader(tmp_path / "other.gguf") == "fresh"
             assert gguf.GGUFReader(str(embedded_model_path()), "r+") == "fresh"
         assert gguf.GGUFReader(str(embedded_model_path())) == "fresh"  # restored on exit
-    assert made == [(str(tmp_path / "other.gguf"), (), {}), (str(embedded_model_path()), ("r+",), {}),
+    assert made == [(str(tmp_path / "other.gguf"), (), {}),
+                    (str(embedded_model_path()), ("r+",), {}),
                     (str(embedded_model_path()), (), {})]
 
 
@@ -193,6 +196,8 @@ def test_a_tokenizer_gguf_is_read_without_the_cache(cached, monkeypatch, tmp_pat
 
     path, _, parsed, _ = cached
     monkeypatch.setenv("ATOM_CACHE_DIR", str(tmp_path / "unused"))
-    tokenizer, _ = load_tokenizer(Config.from_kwargs(model=str(tiny_model_dir("llama")), tokenizer=str(path)))
-    assert [tokenizer(t)["input_ids"] for t in TEXTS] == [parsed.load_tokenizer()(t)["input_ids"] for t in TEXTS]
+    config = Config.from_kwargs(model=str(tiny_model_dir("llama")), tokenizer=str(path))
+    tokenizer, _ = load_tokenizer(config)
+    from_entry = parsed.load_tokenizer()
+    assert [tokenizer(t)["input_ids"] for t in TEXTS] == [from_entry(t)["input_ids"] for t in TEXTS]
     assert not (tmp_path / "unused").exists()

@@ -29,7 +29,8 @@ def test_reverse_permute_matches_transformers(heads):
 
 
 def _permute(w, heads):  # llama.cpp's convert_hf_to_gguf permutation, for a round trip
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    halves = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+    return halves.swapaxes(1, 2).reshape(w.shape)
 
 
 def test_reverse_permute_undoes_llama_cpp():

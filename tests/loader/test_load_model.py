@@ -48,7 +48,8 @@ def test_sharded_checkpoint(tmp_path):
 
 def test_bf16_build_restores_the_default_dtype():
     before = torch.get_default_dtype()
-    loaded = load_model(Config.from_kwargs(model=str(tiny_model_dir("qwen3"))), "cpu", torch.bfloat16)
+    config = Config.from_kwargs(model=str(tiny_model_dir("qwen3")))
+    loaded = load_model(config, "cpu", torch.bfloat16)
     assert torch.get_default_dtype() == before
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
 
