@@ -38,7 +38,8 @@ def profiler_timeout() -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"ATOM_PROFILER_TIMEOUT must be a number of seconds, got {raw!r}") from None
+        raise ConfigError(
+            f"ATOM_PROFILER_TIMEOUT must be a number of seconds, got {raw!r}") from None
     if not value > 0:
         raise ConfigError(f"ATOM_PROFILER_TIMEOUT must be positive, got {raw!r}")
     return value
@@ -72,7 +73,8 @@ def step_label(batch: Any, detailed: bool | None = None) -> str:
     q_lens = list(batch.num_scheduled_tokens)
     starts = [s.num_computed_tokens for s in batch.seqs]
     # One new token past the prompt is a decode; a one-token prompt chunk is still prefill.
-    prefill = any(q > 1 or start < s.num_prompt_tokens for s, q, start in zip(batch.seqs, q_lens, starts))
+    prefill = any(q > 1 or start < s.num_prompt_tokens
+                  for s, q, start in zip(batch.seqs, q_lens, starts))
     fields = f"bs={len(q_lens)} tok={sum(q_lens)}"
     if detailed:
         kv_lens = [start + q for start, q in zip(starts, q_lens)]

@@ -56,7 +56,8 @@ class EngineArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        return cls(**{name: getattr(args, name) for name in cls.field_names() if hasattr(args, name)})
+        return cls(**{name: getattr(args, name)
+                      for name in cls.field_names() if hasattr(args, name)})
 
     def create_config(self) -> Config:
         return Config.from_kwargs(**self.kwargs)

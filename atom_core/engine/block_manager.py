@@ -76,7 +76,9 @@ class BlockManager:
 
     @property
     def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        if not self.prefix_cache_queries:
+            return 0.0
+        return self.prefix_cache_hits / self.prefix_cache_queries
 
     def reset_prefix_cache_stats(self) -> None:
         self.prefix_cache_queries = 0

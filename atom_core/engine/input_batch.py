@@ -22,7 +22,9 @@ IDS, POSITIONS, SLOTS, SEQ_LENS = range(4)
 
 
 class DecodeInputs:
-    def __init__(self, max_seqs: int, max_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self, max_seqs: int, max_blocks: int, block_size: int, device: torch.device
+    ) -> None:
         self.max_seqs = max_seqs
         self.block_size = block_size
         self.device = device
@@ -87,7 +89,9 @@ class DecodeInputs:
     def positions(self, n: int) -> torch.Tensor:
         return self.dev[POSITIONS, :n]
 
-    def metadata(self, n: int, seq_lens_cpu: list[int] | None, max_model_len: int) -> AttentionMetadata:
+    def metadata(
+        self, n: int, seq_lens_cpu: list[int] | None, max_model_len: int
+    ) -> AttentionMetadata:
         """Metadata over the first ``n`` rows. ``seq_lens_cpu`` None means graph capture:
         the host-side facts are then placeholders no graph-safe backend reads."""
         lens = seq_lens_cpu if seq_lens_cpu is not None else [max_model_len] * n

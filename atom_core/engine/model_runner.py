@@ -49,7 +49,9 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, config: Config, loaded: LoadedModel, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, config: Config, loaded: LoadedModel, device: torch.device, dtype: torch.dtype
+    ):
         self.config = config
         self.model = loaded.model
         self.hf_config = loaded.hf_config
@@ -58,7 +60,8 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.sampler = Sampler()
         self.attention_layers = list(self.model.attention_layers())
-        self.attention_backend_name = ",".join(sorted({a.backend_name for a in self.attention_layers}))
+        backend_names = {a.backend_name for a in self.attention_layers}
+        self.attention_backend_name = ",".join(sorted(backend_names))
         self.num_blocks = self._plan_kv_blocks()
         self._allocate_kv_cache(self.num_blocks)
         # The GPU decode path: persistent inputs, CUDA graphs, one D2H copy per step. The
@@ -80,15 +83,18 @@ class ModelRunner:
         )
         pin = self.device.type == "cuda"
         # Two of each: with --async-scheduling step k+1 is queued before step k's ids are read.
-        self._sampled_host = [torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin) for _ in range(2)]
+        self._sampled_host = [torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin)
+                              for _ in range(2)]
         self._sampled_ready = [torch.cuda.Event() if pin else None for _ in range(2)]
         self._launches = 0
         comp = self.config.compilation_config
         obs = self.config.observability_config
         if obs.mark_trace and (self.device.type != "cuda" or comp.enforce_eager):
-            logger.info("--mark-trace: no CUDA graphs are captured here (%s%s), so no capture traces",
+            logger.info("--mark-trace: no CUDA graphs are captured here (%s%s), "
+                        "so no capture traces",
                         self.device.type, ", --enforce-eager" if comp.enforce_eager else "")
-        graph_safe = all(getattr(a.backend, "cuda_graph_safe", False) for a in self.attention_layers)
+        graph_safe = all(getattr(a.backend, "cuda_graph_safe", False)
+                         for a in self.attention_layers)
         if self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes:
             return
         if not graph_safe:
@@ -131,7 +137,8 @@ class ModelRunner:
         else:
             free, total = torch.cuda.mem_get_info(self.device)
             used_by_others = total - free
-            budget = int(total * cache.gpu_memory_utilization) - used_by_others - self._activation_reserve()
+            budget = (int(total * cache.gpu_memory_utilization) - used_by_others
+                      - self._activation_reserve())
         blocks = min(ceiling, budget // per_block)
         if blocks < 1:
             raise RuntimeError(
@@ -144,10 +151,12 @@ class ModelRunner:
         """Peak activation memory of the largest step, measured by a profiling forward."""
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        n = min(self.config.scheduler_config.max_num_batched_tokens, self.config.scheduler_config.max_model_len)
+        n = min(self.config.scheduler_config.max_num_batched_tokens,
+                self.config.scheduler_config.max_model_len)
         self._allocate_kv_cache(1)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        meta = eager_inputs(None, [0], [n], [[0] * -(-n // self.block_size)], self.block_size, self.device).meta
+        table = [0] * -(-n // self.block_size)
+        meta = eager_inputs(None, [0], [n], [table], self.block_size, self.device).meta
         meta.slot_mapping.fill_(-1)
         with torch.inference_mode(), forward_context(meta):
             hidden = self.model(ids, torch.arange(n, device=self.device))
@@ -159,7 +168,8 @@ class ModelRunner:
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.attention_layers:
-            layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks), dtype=self.dtype, device=self.device)
+            layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks), dtype=self.dtype,
+                                         device=self.device)
 
     # --- the step -----------------------------------------------------------------------
 
@@ -184,18 +194,20 @@ class ModelRunner:
         starts = [s.num_computed_tokens for s in seqs]
         sampling = [i for i, last in enumerate(batch.sample_mask) if last]
         inputs = eager_inputs(
-            [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs], self.block_size,
-            self.device, sampling, _fill_map(seqs, sampling, ids_from),
+            [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs],
+            self.block_size, self.device, sampling, _fill_map(seqs, sampling, ids_from),
         )
         if inputs.fill_rows.numel():
-            inputs.input_ids.index_copy_(0, inputs.fill_rows, ids_from.sampled.index_select(0, inputs.fill_from))
+            fill_ids = ids_from.sampled.index_select(0, inputs.fill_from)
+            inputs.input_ids.index_copy_(0, inputs.fill_rows, fill_ids)
         chosen = [seqs[i] for i in sampling]
         # Built before the forward is queued: its small copies then go ahead of it.
         sbatch = self._sampling_batch(chosen) if chosen else None
         with forward_context(inputs.meta):
             hidden = self.model(inputs.input_ids, inputs.positions)
         prompt_lps: dict[int, list[Logprob | None]] = {}
-        self._prompt_logprobs(seqs, starts, counts, inputs.meta.query_start_loc_cpu, hidden, prompt_lps)
+        self._prompt_logprobs(seqs, starts, counts, inputs.meta.query_start_loc_cpu, hidden,
+                              prompt_lps)
         if sbatch is None:
             nothing = torch.empty(0, dtype=torch.long, device=self.device)
             return PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [], prompt_lps)
@@ -210,7 +222,8 @@ class ModelRunner:
         for s, n in zip(batch.seqs, batch.num_scheduled_tokens):
             if n != 1 or s.num_computed_tokens + 1 != s.num_tokens:
                 return False
-            if s.sampling_params.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens:
+            if (s.sampling_params.prompt_logprobs is not None
+                    and len(s.prompt_logprobs) < s.num_prompt_tokens):
                 return False
         return True
 
@@ -244,7 +257,8 @@ class ModelRunner:
     def _send_back(self, seqs: list[Sequence], result: SamplerOutput) -> PendingStep:
         """Start the copy of the sampled ids to the host; record when it is done."""
         if self.decode_inputs is None:  # the CPU engine: the ids are already on the host
-            return PendingStep(list(seqs), result.token_ids, result.token_ids, None, result.logprobs)
+            return PendingStep(list(seqs), result.token_ids, result.token_ids, None,
+                               result.logprobs)
         slot = self._launches % 2
         self._launches += 1
         host = self._sampled_host[slot][: len(seqs)]
@@ -285,7 +299,9 @@ class ModelRunner:
             self.device,
         )
 
-    def _prompt_logprobs(self, seqs, starts, counts, ends, hidden, out: dict[int, list[Logprob | None]]) -> None:
+    def _prompt_logprobs(
+        self, seqs, starts, counts, ends, hidden, out: dict[int, list[Logprob | None]]
+    ) -> None:
         """Logprobs of prompt tokens computed this step (position p predicts token p + 1).
 
         Entry j of ``seq.prompt_logprobs`` is prompt token j's (entry 0 is None); a
@@ -332,7 +348,8 @@ def _fill_map(
         if s.token_ids[-1] != PLACEHOLDER_TOKEN:
             continue
         if s.seq_id not in index or i not in computing:
-            raise RuntimeError(f"sequence {s.request_id} ends in a placeholder no queued step samples")
+            raise RuntimeError(
+                f"sequence {s.request_id} ends in a placeholder no queued step samples")
         seq_rows.append(i)
         src.append(index[s.seq_id])
     return seq_rows, src

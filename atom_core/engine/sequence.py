@@ -38,7 +38,9 @@ class Sequence:
     when it reaches ``num_tokens`` - each decode step then computes the one newest token.
     """
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams, request_id: str | None = None):
+    def __init__(
+        self, token_ids: list[int], sampling_params: SamplingParams, request_id: str | None = None
+    ):
         self.seq_id = next(_ids)
         self.request_id = request_id if request_id is not None else str(self.seq_id)
         self.token_ids = list(token_ids)

@@ -30,7 +30,8 @@ class StatsLogger:
         elapsed = now - self.last
         logger.info(
             "prompt throughput: %.1f tokens/s, generation throughput: %.1f tokens/s, "
-            "running: %d reqs, waiting: %d reqs, KV cache usage: %.1f%%, prefix cache hit rate: %.1f%%",
+            "running: %d reqs, waiting: %d reqs, KV cache usage: %.1f%%, "
+            "prefix cache hit rate: %.1f%%",
             self.prompt_tokens / elapsed, self.generation_tokens / elapsed,
             self.scheduler.num_running, self.scheduler.num_waiting,
             100 * self.block_manager.usage, 100 * self.block_manager.prefix_cache_hit_rate,

@@ -103,7 +103,8 @@ def eager_inputs(
     table_rows = np.full((n, width), -1, dtype=np.int32)
     for i, t in enumerate(tables):
         table_rows[i, : len(t)] = t
-    slots = table_rows[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    blocks = table_rows[owner, positions // block_size].astype(np.int64)
+    slots = blocks * block_size + positions % block_size
 
     pack = _Packer()
     ids_at = None
@@ -132,6 +133,6 @@ def eager_inputs(
         seq_lens_cpu=seq_lens.tolist(),
     )
     return EagerInputs(
-        None if ids_at is None else dev[ids_at], dev[pos_at], meta, dev[sample_at], dev[fill_rows_at],
-        dev[fill_from_at],
+        None if ids_at is None else dev[ids_at], dev[pos_at], meta, dev[sample_at],
+        dev[fill_rows_at], dev[fill_from_at],
     )

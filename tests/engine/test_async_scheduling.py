@@ -1,7 +1,8 @@
 """--async-scheduling: steps run one ahead (step k+1 scheduled and queued before step k's
-tokens are read), decode-only and mixed (prefill chunks beside decodes) alike. On CPU the GPU decode path is switched on by hand, so the same
-launch/collect code runs; every output must equal the synchronous engine's, token for token,
-whatever stops the requests (length, stop tokens, stop strings, aborts, new arrivals)."""
+tokens are read), decode-only and mixed (prefill chunks beside decodes) alike. On CPU the GPU
+decode path is switched on by hand, so the same launch/collect code runs; every output must
+equal the synchronous engine's, token for token, whatever stops the requests (length, stop
+tokens, stop strings, aborts, new arrivals)."""
 
 from __future__ import annotations
 
@@ -68,16 +69,19 @@ def test_greedy_equals_sync_and_transformers_with_staggered_lengths():
 
 def test_stop_token_seen_one_step_late_drops_the_extra_token():
     ps = prompts(3, seed=1)
-    base = engine(False).generate(ps, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    base = engine(False).generate(ps, greedy)
     # Stop each request on its own 8th output token: unknown until that step is read.
     stops = [o["token_ids"][7] for o in base]
-    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[t]) for t in stops]
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[t])
+              for t in stops]
     sync = engine(False).generate(ps, params)
     eng = engine(True)
     ahead = count_run_ahead(eng)
     outs = eng.generate(ps, params)
     for o, s in zip(outs, sync):
-        assert o["token_ids"] == s["token_ids"] and o["finish_reason"] == s["finish_reason"] == "stop"
+        assert o["token_ids"] == s["token_ids"]
+        assert o["finish_reason"] == s["finish_reason"] == "stop"
         assert o["stop_reason"] == s["stop_reason"]
     assert sum(ahead) > 0
     assert all_blocks_free(eng)
@@ -85,10 +89,12 @@ def test_stop_token_seen_one_step_late_drops_the_extra_token():
 
 def test_stop_strings_and_text_equal_sync():
     ps = ["Hello there", "The quick brown fox", "Numbers: 1 2 3"]
-    base = engine(False).generate(ps, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    base = engine(False).generate(ps, greedy)
     stop = [o["text"][6:9] for o in base]  # a string the greedy text reaches mid-way
     params = [
-        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_strings=[s]) for s in stop
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop_strings=[s])
+        for s in stop
     ]
     sync = engine(False).generate(ps, params)
     outs = engine(True).generate(ps, params)
@@ -99,7 +105,8 @@ def test_stop_strings_and_text_equal_sync():
 
 def test_seeded_sampling_equals_sync():
     ps = prompts(3, seed=2)
-    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, max_tokens=16, ignore_eos=True) for i in range(3)]
+    params = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, max_tokens=16, ignore_eos=True)
+              for i in range(3)]
     sync = engine(False).generate(ps, params)
     outs = engine(True).generate(ps, params)
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in sync]
@@ -164,7 +171,8 @@ def test_runs_ahead_while_requests_wait_for_a_seat():
     # so the decode batch still runs ahead; a request that finishes frees its seat one step
     # late, and the next waiting one is admitted then. Outputs equal the synchronous engine's.
     ps = prompts(5, seed=5)
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 14, 9, 20, 11)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in (6, 14, 9, 20, 11)]
     sync = engine(False, max_num_seqs=2).generate(ps, params)
     eng = engine(True, max_num_seqs=2)
     waiting_when_ahead: list[int] = []
@@ -223,7 +231,8 @@ def test_mixed_steps_run_ahead_and_equal_sync():
 
 def test_seeded_sampling_with_chunked_prefill_equals_sync():
     ps = prompts(4, seed=7)
-    params = [SamplingParams(temperature=0.9, top_k=20, seed=11 + i, max_tokens=10, ignore_eos=True) for i in range(4)]
+    params = [SamplingParams(temperature=0.9, top_k=20, seed=11 + i, max_tokens=10, ignore_eos=True)
+              for i in range(4)]
     kw = dict(max_num_batched_tokens=12, max_num_seqs=3)
     sync = engine(False, **kw).generate(ps, params)
     outs = engine(True, **kw).generate(ps, params)
@@ -247,7 +256,8 @@ def test_prompt_logprobs_step_runs_on_its_own():
 
     def spy(batch, ids_from=None):
         ahead.append(ids_from is not None)
-        if any(s.sampling_params.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens
+        if any(s.sampling_params.prompt_logprobs is not None
+               and len(s.prompt_logprobs) < s.num_prompt_tokens
                for s in batch.seqs):
             owing_ahead.append(ids_from is not None)
         return launch(batch, ids_from=ids_from)
@@ -267,14 +277,17 @@ def test_first_token_time_is_set_when_a_queued_prefill_is_read():
     # The prefill runs ahead too, so a request's first token arrives as a resolved
     # placeholder: TTFT and TPOT must still come from when the host read each token.
     eng = engine(True)
-    outs = eng.generate(prompts(2, seed=9), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outs = eng.generate(prompts(2, seed=9), params)
     for o in outs:
         assert 0 < o["ttft"] < o["latency"]
         assert o["tpot"] > 0 and o["ttft"] + 11 * o["tpot"] == pytest.approx(o["latency"])
 
 
 @pytest.mark.parametrize("async_scheduling,prefix_caching", [(True, True), (False, False)])
-def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(async_scheduling, prefix_caching):
+def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(
+    async_scheduling, prefix_caching
+):
     # The Triton attention kernels of a mixed step are specialised on its number of decodes
     # (the KV split count): warm-up compiles them all before serving starts.
     eng = engine(async_scheduling, max_num_seqs=20, enable_prefix_caching=prefix_caching)
@@ -304,8 +317,8 @@ def test_warmup_on_a_cpu_is_one_short_generate():
     eng = engine(True, max_num_seqs=20)
     batches = []
     launch = eng.runner.launch
-    eng.runner.launch = lambda batch, ids_from=None: batches.append(batch.num_scheduled_tokens) or launch(
-        batch, ids_from=ids_from)
+    eng.runner.launch = lambda batch, ids_from=None: (
+        batches.append(batch.num_scheduled_tokens) or launch(batch, ids_from=ids_from))
     eng.warmup()
     assert batches and all(len(lens) == 1 for lens in batches)  # one sequence throughout
     assert eng.is_finished() and not eng._requests and all_blocks_free(eng)

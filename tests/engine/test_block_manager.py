@@ -267,7 +267,8 @@ def test_random_workload_returns_every_block():
             else:
                 seq.token_ids.pop()
         else:
-            seq = make_seq(rng.choice(prefixes) + [rng.randrange(5) for _ in range(rng.randrange(1, 6))])
+            prefix = rng.choice(prefixes)
+            seq = make_seq(prefix + [rng.randrange(5) for _ in range(rng.randrange(1, 6))])
             hit = bm.prefix_hit_tokens(seq)
             if bm.allocate(seq, seq.num_tokens - hit):
                 assert seq.num_computed_tokens == hit

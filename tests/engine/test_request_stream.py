@@ -7,7 +7,8 @@ def test_backlog_merges_into_one_delta():
     c = StreamOutputCollector()
     c.put(RequestDelta("r", "a", [1], num_output_tokens=1, ttft_s=0.5))
     c.put(RequestDelta("r", "b", [2], num_output_tokens=2, ttft_s=0.9))
-    c.put(RequestDelta("r", "c", [3], finished=True, finish_reason="length", num_output_tokens=3, latency_s=2.0))
+    c.put(RequestDelta("r", "c", [3], finished=True, finish_reason="length", num_output_tokens=3,
+                       latency_s=2.0))
     d = asyncio.run(c.get())
     assert (d.text, d.token_ids, d.merged) == ("abc", [1, 2, 3], 3)
     assert (d.finished, d.finish_reason, d.num_output_tokens) == (True, "length", 3)

@@ -95,7 +95,8 @@ def test_randomized_invariants(caching: bool, seed: int):
         assert steps < 5000, "scheduler hung"
         for _ in range(rng.choice([0, 0, 1, 2])):  # arrivals
             if len(added) < num_requests:
-                tokens = rng.choice(prefixes)[: rng.randrange(1, 14)] + [rng.randrange(50)] * rng.randrange(3)
+                tokens = (rng.choice(prefixes)[: rng.randrange(1, 14)]
+                          + [rng.randrange(50)] * rng.randrange(3))
                 seq = make_seq(tokens, max_tokens=rng.randrange(1, 12),
                                prompt_logprobs=1 if rng.random() < 0.1 else None)
                 order[seq.seq_id] = len(added)
@@ -129,7 +130,8 @@ def test_randomized_invariants(caching: bool, seed: int):
         assert len(queued) == len(set(queued))
         assert set(queued) == {s.seq_id for s in added if not s.is_finished}
         assert all(s.block_table == [] and s.num_computed_tokens == 0 for s in sched.waiting)
-        assert [order[s.seq_id] for s in sched.running] == sorted(order[s.seq_id] for s in sched.running)
+        admitted = [order[s.seq_id] for s in sched.running]
+        assert admitted == sorted(admitted)
         refs = [0] * num_blocks
         for s in sched.running:
             for b in s.block_table:

@@ -47,8 +47,8 @@ def test_16_greedy_tokens_identical_to_transformers(engine, hf_smollm2):
 
 def test_atom_generate_cli():
     proc = subprocess.run(
-        [sys.executable, "-m", "atom_core.entrypoints.cli", "generate", "What is the capital of France?",
-         "--max-tokens", "12", "--max-model-len", "512"],
+        [sys.executable, "-m", "atom_core.entrypoints.cli", "generate",
+         "What is the capital of France?", "--max-tokens", "12", "--max-model-len", "512"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr

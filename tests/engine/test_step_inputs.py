@@ -33,10 +33,11 @@ def test_matches_the_per_token_definition():
     for start, n in zip(starts, counts):
         token_rows.append([rng.randrange(1000) for _ in range(start + n + rng.randrange(3))])
         tables.append([free.pop() for _ in range(-(-(start + n) // bs))])
-    got = eager_inputs(token_rows, starts, counts, tables, bs, torch.device("cpu"), sample=[0, 2, 4],
-                       fill=([0, 3], [3, 1]))
+    got = eager_inputs(token_rows, starts, counts, tables, bs, torch.device("cpu"),
+                       sample=[0, 2, 4], fill=([0, 3], [3, 1]))
     ids, pos, meta = got.input_ids, got.positions, got.meta
-    r_ids, r_pos, r_slots, r_qsl, r_lens, r_tables = reference(token_rows, starts, counts, tables, bs)
+    r_ids, r_pos, r_slots, r_qsl, r_lens, r_tables = reference(
+        token_rows, starts, counts, tables, bs)
     assert ids.tolist() == r_ids and pos.tolist() == r_pos
     assert meta.slot_mapping.tolist() == r_slots and meta.slot_mapping.dtype == torch.long
     assert meta.query_start_loc.tolist() == r_qsl and meta.query_start_loc.dtype == torch.int32
@@ -46,7 +47,8 @@ def test_matches_the_per_token_definition():
     assert meta.max_query_len == 13 and meta.max_seq_len == 33 and not meta.is_decode_only
     assert ids.dtype == pos.dtype == torch.long
     assert got.sample_rows.tolist() == [r_qsl[1] - 1, r_qsl[3] - 1, r_qsl[5] - 1]
-    assert got.fill_rows.tolist() == [r_qsl[1] - 1, r_qsl[4] - 1] and got.fill_from.tolist() == [3, 1]
+    assert got.fill_rows.tolist() == [r_qsl[1] - 1, r_qsl[4] - 1]
+    assert got.fill_from.tolist() == [3, 1]
     fields = [ids, pos, meta.slot_mapping, meta.query_start_loc, meta.seq_lens, meta.block_tables,
               got.sample_rows, got.fill_rows, got.fill_from]
     # One buffer (one copy to the device), each field on a 16-byte boundary: Triton compiles
