@@ -3,7 +3,7 @@
     python bench/gemv.py [--models qwen3-0.6b qwen3-8b qwen3-30b-a3b deepseek-v2-lite]
         [--rows 1 2 4 8 16 32] [--dtype bf16] [--calls 20] [--no-sweep]
         [--json bench/results/gemv.json]
-    python bench/gemv.py --table-from bench/results/gemv.json [more.json ...]
+    python bench/gemv.py --table-from bench/results/gemv.json [more.json ...] [--table PATH]
 
 Shapes are every projection that goes through the ``linear`` op (attention, dense MLPs,
 shared experts, the LM head; not the routed experts, which are ``fused_moe``), from
@@ -13,15 +13,17 @@ the weight to overflow L2, as a decode step's layers each read their own weight.
 shape and M: cuBLAS, the Triton default heuristic, and the best of a small config sweep
 (its three leaders timed again, and cuBLAS again beside them, before the table compares),
 in microseconds and TB/s (weight + x + out bytes / time; "triton" is what the op runs
-today: ``TUNED`` if it has the shape, else the default heuristic), beside the copy bandwidth
-(read + write) measured in the same run. Projections the model runs as a fused op (the
-pre-norm's ``rms_norm_linear``, the gated MLP's ``silu_and_mul_linear``) also time that op
-against its two ops ("fused us", "2 ops us"), as the model calls them. Prints ``TUNED``
-entries for ``atom_kernels_triton/gemv_config.py`` and writes every timing to ``--json``;
-``--table-from`` prints the entries of stored runs merged (later files win), no GPU needed.
-``--rows 32`` sweeps the 32-row tile (``gemv_config.WIDE_ROWS``) on every projection, each
-candidate put in the table while it is timed (the op serves 32 rows only where the table has
-an entry); its picks print as comments, to be checked in the model before they go in.
+today: the device's table if it has the shape, else the default heuristic), beside the copy
+bandwidth (read + write) measured in the same run. Projections the model runs as a fused op
+(the pre-norm's ``rms_norm_linear``, the gated MLP's ``silu_and_mul_linear``) also time that
+op against its two ops ("fused us", "2 ops us"), as the model calls them. Writes the points
+it measured into the device's table (``atom_kernels_triton/configs/gemv/<device>.json``, or
+``--table``; the entries the file lists in ``in_model`` are kept) and every timing to
+``--json``; ``--table-from`` writes the table from stored runs merged (later files win), no
+GPU needed. ``--rows 32`` sweeps the 32-row tile (``gemv_config.WIDE_ROWS``) on every
+projection, each candidate put in the table while it is timed (the op serves 32 rows only
+where the table has an entry); its picks are printed, to be checked in the model
+(``decode_latency.py --gemv-config``) and added to the table and its ``in_model`` by hand.
 """
 
 from __future__ import annotations
@@ -43,15 +45,17 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from atom_kernels_triton import tuning  # noqa: E402
 from atom_kernels_triton.activation import silu_and_mul  # noqa: E402
 from atom_kernels_triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
 from atom_kernels_triton.gemv_config import (  # noqa: E402
-    IN_MODEL,
     MAX_ROWS,
-    TUNED,
+    OP,
     WIDE_ROWS,
     GemvConfig,
+    GemvTable,
     get_config,
+    tuned,
 )
 from atom_kernels_triton.norm import fused_add_rms_norm  # noqa: E402
 from common import MODELS, graph_us, load_config  # noqa: E402
@@ -115,13 +119,15 @@ def candidates(m: int, n: int, k: int, elem_size: int) -> list[GemvConfig]:
             continue  # a tile wider than K
         if split > 1 and math.ceil(k / bk) < 2 * split:
             continue  # splits of under two chunks: not worth the reduce kernel
-        if m > 1 and stages * (bn + (MAX_ROWS if m <= MAX_ROWS else WIDE_ROWS)) * bk * elem_size > SMEM_BYTES:
+        tile_rows = MAX_ROWS if m <= MAX_ROWS else WIDE_ROWS
+        if m > 1 and stages * (bn + tile_rows) * bk * elem_size > SMEM_BYTES:
             continue
         # The 1-row path keeps an fp32 [BLOCK_N, BLOCK_K] tile in registers: 8192 is 64 per
         # thread at 4 warps; 8 warps only pays for the largest tiles.
         if m == 1 and (bn * bk > 8192 or (warps == 8 and bn * bk < 8192)):
             continue
-        out.append(GemvConfig(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages))
+        out.append(GemvConfig(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps,
+                              num_stages=stages))
     return out
 
 
@@ -153,7 +159,8 @@ def table_row(r: dict[str, Any]) -> str:
     best = config_str(r["best_config"]) if r.get("best_config") else "-"
     fused = "" if r.get("fused_us") is None else f" | {r['fused_us']:8.2f} {r['two_ops_us']:8.2f}"
     return (
-        f"{r['model']:16} {r['proj']:14} {r['N']:6d} {r['K']:6d} {r['M']:3d} | {cell(r['cublas_us'], 9)} | "
+        f"{r['model']:16} {r['proj']:14} {r['N']:6d} {r['K']:6d} {r['M']:3d} | "
+        f"{cell(r['cublas_us'], 9)} | "
         f"{cell(r['triton_us'], 9)} | {cell(r.get('best_us'), 8)} {best:>22}{fused}"
     )
 
@@ -176,38 +183,44 @@ def step_summary(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def tuned_entries(results: list[dict[str, Any]], margin: float = 0.03) -> list[str]:
-    """``TUNED[(N, K)] = {M: ...}`` lines for every point measured: the best swept config
-    where it beat cuBLAS by > margin, else None (the op then calls cuBLAS). Entries chosen in
-    the model (``gemv_config.IN_MODEL``) are printed as the table has them: back-to-back
-    calls of one projection cannot see what decided them. A 32-row point is a candidate only
-    (a comment line): the tile ran faster alone on projections where it slowed the model
-    (DeepSeek-V2-Lite's o_proj and kv_a), so its entries are added after a check in the
-    model (``decode_latency.py --gemv-config N,K,32=...``) and listed in IN_MODEL."""
-    by_shape: dict[tuple[int, int], dict[int, GemvConfig | None]] = {}
-    for r in results:
-        if r.get("best_us") is None:
+def new_table(
+    results: list[dict[str, Any]], table: GemvTable, in_model: frozenset[tuple[int, int, int]],
+    margin: float = 0.03,
+) -> tuple[GemvTable, list[str]]:
+    """``table`` with every point measured put in: the best swept config where it beat
+    cuBLAS by > margin, else None (the op then calls cuBLAS). Entries chosen in the model
+    (``in_model``) stay as they are: back-to-back calls of one projection cannot see what
+    decided them. A 32-row point is only a candidate (second value, one line each): the
+    tile ran faster alone on projections where it slowed the model, so an entry goes in
+    after a check there (``decode_latency.py --gemv-config N,K,32=...``)."""
+    out = {shape: dict(per_m) for shape, per_m in table.items()}
+    candidates = []
+    for r in sorted(results, key=lambda r: (r["N"], r["K"], r["M"])):
+        n, k, m = r["N"], r["K"], r["M"]
+        if r.get("best_us") is None or (n, k, m) in in_model:
             continue
         wins = r["best_us"] < r["cublas_us"] * (1 - margin)
-        by_shape.setdefault((r["N"], r["K"]), {})[r["M"]] = r["best_config"] if wins else None
-    for n, k, m in IN_MODEL:
-        if (n, k) in by_shape:
-            by_shape[(n, k)].setdefault(m, TUNED[(n, k)][m])
-    lines = []
-    for (n, k), per_m in sorted(by_shape.items()):
-        lines.append(f"    ({n}, {k}): {{")
-        for m, c in sorted(per_m.items()):
-            pinned = (n, k, m) in IN_MODEL
-            if pinned:
-                c = TUNED[(n, k)][m]
-            args = "None" if c is None else "GemvConfig(" + ", ".join(f"{key}={v}" for key, v in c.items()) + ")"
-            if m == WIDE_ROWS and not pinned:
-                if c is not None:
-                    lines.append(f"        # {m}: {args},  # swept alone: check in the model first")
-                continue
-            lines.append(f"        {m}: {args},{'  # chosen in the model (IN_MODEL)' if pinned else ''}")
-        lines.append("    },")
-    return lines
+        config = GemvConfig(**r["best_config"]) if wins else None
+        if m == WIDE_ROWS:
+            if config is not None:
+                args = ",".join(str(v) for v in config.values())
+                candidates.append(f"{n},{k},{m}={args}  # swept alone: check in the model first")
+            continue
+        out.setdefault((n, k), {})[m] = config
+    return out, candidates
+
+
+def write_table(
+    results: list[dict[str, Any]], device: str, path: Path | None, argv: list[str]
+) -> None:
+    table, candidates = new_table(results, tuned(device), tuning.in_model(OP, device))
+    path = path or tuning.table_path(OP, device)
+    in_model = sorted(list(e) for e in tuning.in_model(OP, device))
+    producer = " ".join(["python bench/gemv.py", *argv])
+    tuning.dump(path, device, table, producer, in_model=in_model)
+    print(f"wrote {path}")
+    if candidates:
+        print("32-row candidates (decode_latency.py --gemv-config):\n" + "\n".join(candidates))
 
 
 # --- the GPU side ---------------------------------------------------------------------------
@@ -221,14 +234,14 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @contextlib.contextmanager
-def table_entry(n: int, k: int, m: int, config: GemvConfig) -> Iterator[None]:
-    """``config`` in ``TUNED`` for the 32-row bucket while the block runs: the op serves 17-32
+def table_entry(table: GemvTable, n: int, k: int, m: int, config: GemvConfig) -> Iterator[None]:
+    """``config`` in ``table`` for the 32-row bucket while the block runs: the op serves 17-32
     rows only for shapes whose table has that entry, so a candidate is timed as the model
     would run it. Other buckets take the config directly and need nothing."""
     if m <= MAX_ROWS:
         yield
         return
-    per_m = TUNED.setdefault((n, k), {})
+    per_m = table.setdefault((n, k), {})
     had, old = WIDE_ROWS in per_m, per_m.get(WIDE_ROWS)
     per_m[WIDE_ROWS] = config
     try:
@@ -239,7 +252,7 @@ def table_entry(n: int, k: int, m: int, config: GemvConfig) -> Iterator[None]:
         else:
             del per_m[WIDE_ROWS]
             if not per_m:
-                del TUNED[(n, k)]
+                del table[(n, k)]
 
 
 def bench_shape(
@@ -247,6 +260,7 @@ def bench_shape(
     calls: int, sweep: bool, l2_bytes: int, num_sms: int,
 ) -> list[dict[str, Any]]:
     elem = torch.tensor([], dtype=dtype).element_size()
+    table = tuned(tuning.device_name())
     # Enough weight copies that a graph's calls never find their weight in L2.
     copies = max(1, min(calls, math.ceil(4 * l2_bytes / (n * k * elem))))
     weights = [(torch.randn(n, k, device="cuda") / k**0.5).to(dtype) for _ in range(copies)]
@@ -260,8 +274,10 @@ def bench_shape(
         ref = F.linear(x.float(), weights[0].float())
         r: dict[str, Any] = {
             "model": model, "proj": proj, "N": n, "K": k, "M": m, "calls_per_step": per_step,
-            "bytes": bytes_moved(m, n, k, elem), "triton_config": get_config(m, n, k, elem, num_sms),
-            "cublas_us": graph_us(calls_of(F.linear, x)), "triton_us": graph_us(calls_of(linear, x)),
+            "bytes": bytes_moved(m, n, k, elem),
+            "triton_config": get_config(m, n, k, elem, num_sms, table),
+            "cublas_us": graph_us(calls_of(F.linear, x)),
+            "triton_us": graph_us(calls_of(linear, x)),
         }
         r["triton_err"] = rel_err(linear(x, weights[0]), ref)
         if proj in FUSED:
@@ -269,23 +285,26 @@ def bench_shape(
         if sweep:
             swept = []
             def timed(c: GemvConfig, x: torch.Tensor = x, m: int = m) -> float:
-                with table_entry(n, k, m, c):
+                with table_entry(table, n, k, m, c):
                     return graph_us(calls_of(linear, x, config=c))
 
             for c in candidates(m, n, k, elem):
                 try:
-                    with table_entry(n, k, m, c):
+                    with table_entry(table, n, k, m, c):
                         if rel_err(linear(x, weights[0], config=c), ref) >= TOLERANCE[dtype]:
-                            print(f"  {proj} M={m} {config_str(c)}: off the reference, skipped", flush=True)
+                            print(f"  {proj} M={m} {config_str(c)}: off the reference, skipped",
+                                  flush=True)
                             continue
                     swept.append((timed(c), c))
                 except Exception as e:  # out of shared memory / registers at compile time
-                    print(f"  {proj} M={m} {config_str(c)}: {type(e).__name__}, skipped", flush=True)
+                    print(f"  {proj} M={m} {config_str(c)}: {type(e).__name__}, skipped",
+                          flush=True)
             swept.sort(key=lambda t: t[0])
             if swept:
                 r["best_us"], r["best_config"] = retime_leaders(swept, timed)
                 # cuBLAS timed again beside the leaders: the table compares the two.
-                r["cublas_first_us"], r["cublas_us"] = r["cublas_us"], graph_us(calls_of(F.linear, x))
+                r["cublas_first_us"] = r["cublas_us"]
+                r["cublas_us"] = graph_us(calls_of(F.linear, x))
             r["swept"] = [{"us": us, **c} for us, c in swept]
         print(table_row(r), flush=True)
         results.append(r)
@@ -295,13 +314,13 @@ def bench_shape(
 
 
 def retime_leaders(
-    swept: list[tuple[float, GemvConfig]], time_config: Callable[[GemvConfig], float], leaders: int = 3
+    swept: list[tuple[float, GemvConfig]], time_config: Callable[[GemvConfig], float],
+    leaders: int = 3,
 ) -> tuple[float, GemvConfig]:
     """The fastest of the ``leaders`` best swept configs, each timed once more.
 
-    The minimum of a sweep's ~40 noisy timings is biased low (the winner's curse): a
-    config chosen that way measured 11.9 us in its sweep and 17.0 in a later run, against
-    13.5 for cuBLAS. Fresh timings of the leaders decide instead."""
+    The minimum of a sweep's ~40 noisy timings is biased low (the winner's curse): fresh
+    timings of the leaders decide instead."""
     again = [(time_config(c), c) for _, c in swept[:leaders]]
     return min(again, key=lambda t: t[0])
 
@@ -322,7 +341,9 @@ def time_fused(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", nargs="+", default=list(MODELS))
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16],
                     help=f"M values (<= {MAX_ROWS}, or {WIDE_ROWS}: the 32-row tile)")
@@ -330,22 +351,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per CUDA graph")
     ap.add_argument("--no-sweep", action="store_true", help="time only cuBLAS and the default")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "gemv.json")
+    ap.add_argument("--table", type=Path,
+                    help="the table file to write (default: the package's for this device)")
     ap.add_argument("--table-from", type=Path, nargs="+", metavar="JSON",
-                    help="print the TUNED entries of stored runs (later files win per point) and exit")
+                    help="write the table from stored runs (later files win per point) and exit")
     args = ap.parse_args(argv)
     if any(not (1 <= m <= MAX_ROWS or m == WIDE_ROWS) for m in args.rows):
-        ap.error(f"--rows must be within 1..{MAX_ROWS}, or {WIDE_ROWS} (other M fall back to F.linear)")
+        ap.error(f"--rows must be within 1..{MAX_ROWS}, or {WIDE_ROWS} "
+                 "(other M fall back to F.linear)")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.table_from:
         merged: dict[tuple[int, int, int], dict[str, Any]] = {}
+        devices = set()
         for path in args.table_from:
-            for r in json.loads(path.read_text())["results"]:
+            run = json.loads(path.read_text())
+            devices.add(run["machine"]["gpu"])
+            for r in run["results"]:
                 merged[(r["N"], r["K"], r["M"])] = r
-        print("\n".join(tuned_entries(list(merged.values()))))
+        if len(devices) != 1:
+            sys.exit(f"--table-from: runs of one device only, got {sorted(devices)}")
+        write_table(list(merged.values()), devices.pop(), args.table, argv)
         return
     if not torch.cuda.is_available():
         sys.exit("bench/gemv.py needs a CUDA GPU")
@@ -355,7 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     props = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(props, "L2_cache_size", 0) or 60 << 20
     copy_bw = copy_bandwidth()
-    print(f"{props.name}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write), L2 {l2_bytes >> 20} MiB")
+    print(f"{props.name}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write), "
+          f"L2 {l2_bytes >> 20} MiB")
     print(HEADER, flush=True)
     start, results = time.time(), []
     for model in args.models:
@@ -366,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     print(f"\n{len(results)} points in {time.time() - start:.0f} s")
     print("\n".join(step_summary(results)))
-    print("\n# TUNED entries for atom_kernels_triton/gemv_config.py:\n" + "\n".join(tuned_entries(results)))
+    write_table(results, props.name, args.table, argv)
     report = {
         "machine": machine(), "dtype": args.dtype, "calls_per_graph": args.calls,
         "copy_bandwidth_tbs": copy_bw / 1e12, "results": results,

@@ -3,7 +3,7 @@
     python bench/tune_fused_moe.py [--models qwen3-30b-a3b deepseek-v2-lite]
         [--shape E,K,H,I[,S] ...] [--tp 1] [--batch-sizes 1 2 4 ... 4096] [--dtype bf16]
         [--block-m 16 32 ...] [--block-n ...] [--block-k ...] [--warps ...] [--stages ...]
-        [--overlap] [--no-graph] [--json bench/results/fused_moe_tuning.json]
+        [--overlap] [--no-graph] [--json bench/results/fused_moe_tuning.json] [--table PATH]
 
 Shapes come from ``bench/configs/<model>/config.json`` (routed experts, top-k, hidden,
 moe_intermediate_size / tp, shared experts) or ``--shape``. Shared experts (DeepSeek's)
@@ -12,9 +12,10 @@ each holds T rows, not T*k/E. Each config is timed on the whole op
 (alignment, both kernels, the k-sum), replayed from a CUDA graph by default since decode
 runs that way, on softmax-top-k routing of random logits; a config whose output is off
 the native reference, or that does not compile (shared memory), is skipped. Prints the
-best per batch size and a ``TUNED[(H, I)] = {...}`` entry for
-``atom_kernels_triton/fused_moe_config.py``; ``--json`` keeps every timing. The table's
-launch forms (``PERSISTENT``, ``OVERLAP``) were chosen in the model, not here; ``--overlap``
+best per batch size and writes it into the device's table
+(``atom_kernels_triton/configs/fused_moe/<device>.json``, or ``--table``), keeping the
+entries the file lists in ``in_model``: the launch forms (``PERSISTENT``, ``OVERLAP``) and
+buckets chosen by timing the model, not here. ``--json`` keeps every timing. ``--overlap``
 times every candidate with ``OVERLAP`` on, as the decode buckets past one token run.
 """
 
@@ -33,8 +34,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from atom_kernels_triton import tuning  # noqa: E402
 from atom_kernels_triton.fused_moe import fused_moe  # noqa: E402
-from atom_kernels_triton.fused_moe_config import MoeConfig  # noqa: E402
+from atom_kernels_triton.fused_moe_config import OP, MoeConfig, MoeTable, tuned  # noqa: E402
 
 from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
 
@@ -49,7 +51,8 @@ def model_shape(name: str, tp: int) -> tuple[int, int, int, int, int]:
     cfg = json.loads((ROOT / "bench" / "configs" / name / "config.json").read_text())
     experts = cfg.get("num_experts") or cfg["n_routed_experts"]
     shared = cfg.get("n_shared_experts") or 0
-    return experts, cfg["num_experts_per_tok"], cfg["hidden_size"], cfg["moe_intermediate_size"] // tp, shared
+    inter = cfg["moe_intermediate_size"] // tp
+    return experts, cfg["num_experts_per_tok"], cfg["hidden_size"], inter, shared
 
 
 SPACE = {"block_m": (16, 32, 64, 128), "block_n": (32, 64, 128, 256), "block_k": (64, 128, 256),
@@ -96,7 +99,8 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE,
     experts, top_k, hidden, inter, shared = shape
     g = torch.Generator(device=DEVICE).manual_seed(0)
     stacked = experts + shared
-    w13 = (torch.randn(stacked, 2 * inter, hidden, device=DEVICE, generator=g) / hidden**0.5).to(dtype)
+    w13 = torch.randn(stacked, 2 * inter, hidden, device=DEVICE, generator=g) / hidden**0.5
+    w13 = w13.to(dtype)
     w2 = (torch.randn(stacked, hidden, inter, device=DEVICE, generator=g) / inter**0.5).to(dtype)
     results = {}
     for tokens in batch_sizes:
@@ -114,8 +118,8 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE,
                 if err >= TOLERANCE[dtype]:
                     print(f"  T={tokens} {config}: rel err {err:.2e}, skipped", flush=True)
                     continue
-                run = functools.partial(fused_moe, x, w13, w2, weights, ids, num_shared_experts=shared,
-                                        config=config)
+                run = functools.partial(fused_moe, x, w13, w2, weights, ids,
+                                        num_shared_experts=shared, config=config)
                 ms = time_ms(run, graph)
             except Exception as e:  # out of shared memory / registers at compile time
                 print(f"  T={tokens} {config}: {type(e).__name__}, skipped", flush=True)
@@ -128,7 +132,8 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE,
         native_ms = time_ms(functools.partial(native_fused_moe, x, w13, w2, weights, ids,
                                               num_shared_experts=shared), False)
         print(
-            f"E={experts}+{shared} k={top_k} H={hidden} I={inter} T={tokens:5d}: {best_ms * 1e3:8.1f} us "
+            f"E={experts}+{shared} k={top_k} H={hidden} I={inter} T={tokens:5d}: "
+            f"{best_ms * 1e3:8.1f} us "
             f"{best}  ({len(timings)} configs in {time.time() - start:.0f} s; native eager "
             f"{native_ms * 1e3:.1f} us)",
             flush=True,
@@ -145,16 +150,25 @@ def parse_shape(spec: str) -> tuple[int, int, int, int, int]:
     return (*values, 0) if len(values) == 4 else tuple(values)  # type: ignore[return-value]
 
 
-def table_entry(hidden: int, inter: int, results: dict[int, dict]) -> str:
-    lines = [f"TUNED[({hidden}, {inter})] = {{"]
-    for tokens, r in results.items():
-        args = ", ".join(f"{k}={v}" for k, v in r["best"].items())
-        lines.append(f"    {tokens}: MoeConfig({args}),")
-    return "\n".join(lines + ["}"])
+def new_table(
+    table: MoeTable, in_model: frozenset[tuple[int, ...]],
+    measured: dict[tuple[int, int], dict[int, dict]],
+) -> MoeTable:
+    """``table`` with the best config of each measured (H, I) and token bucket put in; the
+    entries chosen in the model (``in_model``) stay as they are."""
+    out = {shape: dict(buckets) for shape, buckets in table.items()}
+    for shape, results in measured.items():
+        for tokens, r in results.items():
+            if (*shape, tokens) not in in_model:
+                out.setdefault(shape, {})[tokens] = MoeConfig(**r["best"])
+    return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", nargs="*", default=["qwen3-30b-a3b", "deepseek-v2-lite"])
     ap.add_argument("--shape", nargs="*", default=[],
                     help="E,K,H,I[,S] (routed experts, top-k, hidden, inter, shared experts)")
@@ -164,27 +178,38 @@ def main() -> None:
     for name, values in SPACE.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, nargs="+", default=list(values),
                         help=f"candidate values (default: {' '.join(map(str, values))})")
-    ap.add_argument("--overlap", action="store_true", help="every candidate with OVERLAP (fused_moe_config)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="every candidate with OVERLAP (fused_moe_config)")
     ap.add_argument("--no-graph", action="store_true", help="time eager launches, not graph replay")
-    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fused_moe_tuning.json")
-    args = ap.parse_args()
+    ap.add_argument("--json", type=Path,
+                    default=ROOT / "bench" / "results" / "fused_moe_tuning.json")
+    ap.add_argument("--table", type=Path,
+                    help="the table file to write (default: the package's for this device)")
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("tune_fused_moe.py needs a CUDA/ROCm GPU")
     shapes = [model_shape(m, args.tp) for m in args.models]
     shapes += [parse_shape(s) for s in args.shape]
     space = {name: tuple(getattr(args, name)) for name in SPACE}
     dtype = DTYPES[args.dtype]
-    report = {"device": torch.cuda.get_device_name(), "dtype": args.dtype, "shapes": {}}
-    entries = []
+    device = torch.cuda.get_device_name()
+    report = {"device": device, "dtype": args.dtype, "shapes": {}}
+    measured = {}
     for shape in shapes:
         results = tune_shape(shape, args.batch_sizes, dtype, graph=not args.no_graph, space=space,
                              overlap=args.overlap)
-        report["shapes"]["E={},k={},H={},I={},shared={}".format(*shape)] = {str(t): r for t, r in results.items()}
-        entries.append(table_entry(shape[2], shape[3], results))
-    print("\n# for atom_kernels_triton/fused_moe_config.py:\n" + "\n".join(entries))
+        key = "E={},k={},H={},I={},shared={}".format(*shape)
+        report["shapes"][key] = {str(t): r for t, r in results.items()}
+        measured[(shape[2], shape[3])] = results
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.json}")
+    in_model = tuning.in_model(OP, device)
+    table = new_table(tuned(device), in_model, measured)
+    path = args.table or tuning.table_path(OP, device)
+    producer = " ".join(["python bench/tune_fused_moe.py", *argv])
+    tuning.dump(path, device, table, producer, in_model=sorted(list(e) for e in in_model))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

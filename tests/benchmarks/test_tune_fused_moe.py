@@ -32,3 +32,17 @@ def test_shared_experts_allow_taller_tiles():
     routed_only = {c["BLOCK_M"] for c in tune_fused_moe.candidates(128, 6, 64, 2, 0, space)}
     with_shared = {c["BLOCK_M"] for c in tune_fused_moe.candidates(128, 6, 64, 2, 2, space)}
     assert routed_only == {16, 32, 64} and with_shared == {16, 32, 64, 128}
+
+
+def test_new_table_keeps_the_entries_chosen_in_the_model():
+    from atom_kernels_triton import tuning
+    from atom_kernels_triton.fused_moe_config import MoeConfig, tuned
+
+    h200 = tuned("NVIDIA H200")
+    best = MoeConfig(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+    measured = {(2048, 768): {1: {"best": best}, 64: {"best": best}}, (64, 32): {8: {"best": best}}}
+    table = tune_fused_moe.new_table(h200, tuning.in_model("fused_moe", "NVIDIA H200"), measured)
+    assert table[(2048, 768)][1] == h200[(2048, 768)][1]  # PERSISTENT, chosen in the model
+    assert table[(2048, 768)][64] == best and table[(64, 32)] == {8: best}
+    assert table[(2048, 1408)] == h200[(2048, 1408)]
+    assert 64 not in h200[(2048, 768)]  # the device's table itself is untouched

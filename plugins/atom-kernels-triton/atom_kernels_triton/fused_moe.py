@@ -31,7 +31,8 @@ import triton.language as tl
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
-from atom_kernels_triton.fused_moe_config import MoeConfig, get_config
+from atom_kernels_triton import tuning
+from atom_kernels_triton.fused_moe_config import OP, MoeConfig, get_config
 from atom_kernels_triton.gemv import reads_deferred
 from atom_kernels_triton.moe_align import align_by_expert, aligned_capacity, pair_expert
 from atom_kernels_triton.occupancy import resident_programs
@@ -299,7 +300,8 @@ def fused_moe(
     inter = inter2 // 2
     num_pairs = num_tokens * top_k
     if config is None:
-        config = get_config(num_tokens, top_k, num_experts, hidden_size, inter)
+        table = tuning.table_for(OP, hidden.device)
+        config = get_config(num_tokens, top_k, num_experts, hidden_size, inter, table)
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl_options(hidden.device)}
     x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()

@@ -62,9 +62,11 @@ from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.ops.native.linear import linear as native_linear
 from atom_kernels_triton.activation import silu_and_mul
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
+from atom_kernels_triton import tuning
 from atom_kernels_triton.gemv_config import (
     H200_SMS,
     MAX_ROWS,
+    OP,
     ROW_BLOCKS_MAX_ROWS,
     ROW_BLOCKS_MAX_WEIGHT_BYTES,
     WIDE_ROWS,
@@ -286,7 +288,9 @@ def supported(
         rows_ok = rows == 1
     elif rows > MAX_ROWS:
         small = weight.numel() * weight.element_size() <= ROW_BLOCKS_MAX_WEIGHT_BYTES
-        wide = weight.dim() == 2 and wide_config(rows, *weight.shape, weight.element_size()) is not None
+        wide = weight.dim() == 2 and wide_config(
+            rows, *weight.shape, weight.element_size(), tuning.table_for(OP, weight.device)
+        ) is not None
         rows_ok = wide or (rows <= ROW_BLOCKS_MAX_ROWS and small)
     else:
         rows_ok = rows > 0
@@ -315,7 +319,8 @@ def reads_deferred(x: torch.Tensor, reader: torch.Tensor | None) -> bool:
     if not supported(x, reader, None):
         return False
     m, (n, k) = x.numel() // x.shape[-1], reader.shape
-    return get_config(m, n, k, reader.element_size(), _num_sms(reader.device)) is not None
+    table = tuning.table_for(OP, reader.device)
+    return get_config(m, n, k, reader.element_size(), _num_sms(reader.device), table) is not None
 
 
 def _launch(
@@ -335,7 +340,10 @@ def _launch(
     x2 = _rows(x)
     m = x2.shape[0]
     if config is None:
-        config = get_config(m, n, k, weight.element_size(), _num_sms(weight.device))
+        config = get_config(
+            m, n, k, weight.element_size(), _num_sms(weight.device),
+            tuning.table_for(OP, weight.device),
+        )
         if config is None:  # measured: cuBLAS is at least as fast for this shape
             return None
     block_n, block_k, split_k = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
@@ -362,7 +370,8 @@ def _launch(
     elif fma:
         block_m = min(MAX_ROWS, triton.next_power_of_2(m))
     else:
-        block_m = WIDE_ROWS if wide_config(m, n, k, weight.element_size()) is not None else MAX_ROWS
+        wide = wide_config(m, n, k, weight.element_size(), tuning.table_for(OP, weight.device))
+        block_m = MAX_ROWS if wide is None else WIDE_ROWS
     _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         res2, norm_weight, summed if summed is not None else x2, ss, eps, row_ss,

@@ -120,22 +120,27 @@ def test_config_table():
 
 
 def test_tuned_table_covers_its_buckets_and_defers_past_them():
-    from atom_kernels_triton.fused_moe_config import TUNED, default_config
+    from atom_kernels_triton.fused_moe_config import default_config, tuned
 
-    table = TUNED[(2048, 768)]
-    assert get_config(1, 8, 128, 2048, 768) == table[1]
-    assert get_config(20, 8, 128, 2048, 768) == table[32]  # nearest tuned bucket above
-    assert get_config(9, 8, 128, 2048, 768) == table[32]
-    assert get_config(2, 6, 64, 2048, 1408) == TUNED[(2048, 1408)][32]
-    assert get_config(8192, 8, 128, 2048, 768) == table[16384]
+    h200 = tuned("NVIDIA H200")
+    table = h200[(2048, 768)]
+
+    def config(*args):
+        return get_config(*args, h200)
+
+    assert config(1, 8, 128, 2048, 768) == table[1]
+    assert config(20, 8, 128, 2048, 768) == table[32]  # nearest tuned bucket above
+    assert config(9, 8, 128, 2048, 768) == table[32]
+    assert config(2, 6, 64, 2048, 1408) == h200[(2048, 1408)][32]
+    assert config(8192, 8, 128, 2048, 768) == table[16384]
     # Past the largest tuned bucket, the shape heuristic.
-    assert get_config(40000, 8, 128, 2048, 768) == default_config(40000, 8, 128)
+    assert config(40000, 8, 128, 2048, 768) == default_config(40000, 8, 128)
     # Prefill sizes of a shape tuned only for decode use the heuristic, not a decode tile.
-    assert get_config(8192, 6, 64, 2048, 1408) == default_config(8192, 6, 64)
-    assert get_config(8192, 6, 64, 2048, 1408)["BLOCK_M"] > TUNED[(2048, 1408)][32]["BLOCK_M"]
+    assert config(8192, 6, 64, 2048, 1408) == default_config(8192, 6, 64)
+    assert config(8192, 6, 64, 2048, 1408)["BLOCK_M"] > h200[(2048, 1408)][32]["BLOCK_M"]
 
 
-def test_a_prefill_entry_never_serves_a_decode_batch(monkeypatch):
+def test_a_prefill_entry_never_serves_a_decode_batch():
     """A tuned bucket serves smaller ones only while their rows per expert stay in its
     regime: the 2048 bucket's tall tiles are for prefill, and the buckets from 64 to 1024
     tokens (4-64 rows an expert at k 8 of 128) keep the heuristic's."""
@@ -143,9 +148,10 @@ def test_a_prefill_entry_never_serves_a_decode_batch(monkeypatch):
 
     tall = MoeConfig(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
     mid = MoeConfig(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)
-    monkeypatch.setitem(cfg.TUNED, (64, 32), {32: cfg.TUNED[(2048, 768)][32], 512: mid, 2048: tall})
+    decode = MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=2, num_stages=3)
+    table = {(64, 32): {32: decode, 512: mid, 2048: tall}}
     for tokens in range(33, 2049):
-        got, case = get_config(tokens, 8, 128, 64, 32), cfg.regime(tokens, 8, 128)
+        got, case = get_config(tokens, 8, 128, 64, 32, table), cfg.regime(tokens, 8, 128)
         if case == 2:  # 1025 tokens on: 64+ rows an expert
             assert got == tall, tokens
         elif token_bucket(tokens) <= 512:  # 257-512 tokens: the 512 entry; 33-256: decode rows

@@ -6,13 +6,15 @@ not installed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from atom_kernels_triton import gemv, gemv_config  # noqa: E402
+from atom_kernels_triton import gemv, gemv_config, tuning  # noqa: E402
 from atom_kernels_triton.activation import silu_and_mul  # noqa: E402
 from atom_kernels_triton.gemv import linear, rms_norm_linear, silu_and_mul_linear  # noqa: E402
 from atom_kernels_triton.gemv_config import GemvConfig, default_config, get_config  # noqa: E402
@@ -28,6 +30,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 70, 200
 SMALL = GemvConfig(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
 SPLIT = GemvConfig(BLOCK_N=8, BLOCK_K=32, SPLIT_K=3, num_warps=4, num_stages=2)
+
+
+def table() -> gemv_config.GemvTable:
+    """The table this device's launches read (empty on CPU: a test puts entries in)."""
+    return tuning.table_for(gemv_config.OP, torch.device(DEVICE))
+
+
+def shipped_tables() -> list[str]:
+    """The devices with a table in the package."""
+    paths = sorted((tuning.CONFIG_DIR / gemv_config.OP).glob("*.json"))
+    return [json.loads(p.read_text())["device"] for p in paths]
 
 
 def rand(*shape, dtype=torch.float32, seed=0):
@@ -154,7 +167,7 @@ def test_wide_rows_run_one_32_row_tile_where_the_table_has_one(m, split, monkeyp
     # 17..32 rows of a 16-bit W too big for row blocks: one 32-row tile (rows past m masked),
     # also through the split-K reduce, for a shape whose table has a WIDE_ROWS entry.
     wide = GemvConfig(BLOCK_N=32, BLOCK_K=32, SPLIT_K=split, num_warps=4, num_stages=2)
-    monkeypatch.setitem(gemv_config.TUNED, (N, K), {16: SMALL, gemv_config.WIDE_ROWS: wide})
+    monkeypatch.setitem(table(), (N, K), {16: SMALL, gemv_config.WIDE_ROWS: wide})
     monkeypatch.setattr(gemv, "ROW_BLOCKS_MAX_WEIGHT_BYTES", 0)
     x, w = rand(m, K, dtype=torch.float16, seed=m), rand(N, K, dtype=torch.float16, seed=1)
     assert gemv.supported(x, w, None) and get_config(m, N, K, 2) is wide
@@ -167,14 +180,14 @@ def test_wide_rows_run_one_32_row_tile_where_the_table_has_one(m, split, monkeyp
 
 def test_wide_rows_stop_at_their_bounds(monkeypatch):
     wide = GemvConfig(BLOCK_N=32, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
-    monkeypatch.setitem(gemv_config.TUNED, (N, K), {16: SMALL, gemv_config.WIDE_ROWS: wide})
+    monkeypatch.setitem(table(), (N, K), {16: SMALL, gemv_config.WIDE_ROWS: wide})
     monkeypatch.setattr(gemv, "ROW_BLOCKS_MAX_WEIGHT_BYTES", 0)
     w = rand(N, K, dtype=torch.float16, seed=1)
     assert gemv.supported(rand(gemv_config.WIDE_ROWS, K, dtype=torch.float16), w, None)
     assert not gemv.supported(rand(gemv_config.WIDE_ROWS + 1, K, dtype=torch.float16), w, None)
     assert not gemv.supported(rand(17, K), w.float(), None)  # 16-bit weights only
     assert get_config(16, N, K, 2) is SMALL  # 16 rows keep their own bucket
-    monkeypatch.setitem(gemv_config.TUNED, (N, K), {16: SMALL})
+    monkeypatch.setitem(table(), (N, K), {16: SMALL})
     assert not gemv.supported(rand(17, K, dtype=torch.float16), w, None)  # no entry: cuBLAS
     assert get_config(17, N, K, 2) is SMALL  # as before for a small weight's row blocks
 
@@ -244,7 +257,7 @@ def test_fma_config_for_fp32_weights_on_several_rows():
 
 def test_tuned_table_wins_by_nearest_bucket(monkeypatch):
     tuned = {2: SMALL, 8: SPLIT}
-    monkeypatch.setitem(gemv_config.TUNED, (N, K), tuned)
+    monkeypatch.setitem(table(), (N, K), tuned)
     assert get_config(1, N, K, 2) is SMALL
     assert get_config(3, N, K, 2) is SPLIT
     assert get_config(16, N, K, 2) is SPLIT
@@ -255,7 +268,7 @@ def test_tuned_table_wins_by_nearest_bucket(monkeypatch):
 
 def test_tuned_none_calls_cublas(monkeypatch):
     # A bucket measured slower than cuBLAS is None: the op must not launch the kernel.
-    monkeypatch.setitem(gemv_config.TUNED, (N, K), {1: None, 16: SMALL})
+    monkeypatch.setitem(table(), (N, K), {1: None, 16: SMALL})
     x, w = rand(1, K, dtype=torch.float16), rand(N, K, dtype=torch.float16, seed=1)
 
     class NoKernel:  # launched as kernel[grid](...)
@@ -268,8 +281,9 @@ def test_tuned_none_calls_cublas(monkeypatch):
         linear(rand(4, K, dtype=torch.float16), w)  # bucket 16 has a config: the kernel runs
 
 
-def test_shipped_table_is_well_formed():
-    for (n, k), per_m in gemv_config.TUNED.items():
+@pytest.mark.parametrize("device", shipped_tables())
+def test_shipped_table_is_well_formed(device):
+    for (n, k), per_m in gemv_config.tuned(device).items():
         assert set(per_m) <= {1, 2, 4, 8, 16, gemv_config.WIDE_ROWS}, (n, k)
         for m, c in per_m.items():
             if c is None:
@@ -279,7 +293,8 @@ def test_shipped_table_is_well_formed():
             # (gemv_config.WIDE_ROWS) were checked in the model.
             widths = {1: (4, 8, 16, 32, 64), gemv_config.WIDE_ROWS: (32, 64, 128)}.get(m, (16, 32, 64))
             assert c["BLOCK_N"] in widths, (n, k, m, c)
-            assert m != gemv_config.WIDE_ROWS or (n, k, m) in gemv_config.IN_MODEL
+            in_model = tuning.in_model(gemv_config.OP, device)
+            assert m != gemv_config.WIDE_ROWS or (n, k, m) in in_model
             assert c["BLOCK_K"] & (c["BLOCK_K"] - 1) == 0 and 1 <= c["SPLIT_K"] <= 8, (n, k, m, c)
             # No split starts past K (the launch would drop it: the entry would not be what runs).
             assert (c["SPLIT_K"] - 1) * -(-k // (c["SPLIT_K"] * c["BLOCK_K"])) * c["BLOCK_K"] < k, (n, k, m, c)
@@ -288,7 +303,7 @@ def test_shipped_table_is_well_formed():
 def test_whole_k_entries_cover_each_split_in_one_tile():
     # The one-row entries that load a program's whole W slice before the PDL wait.
     for n, k in [(1024, 2048), (1024, 3072), (6144, 1024), (4096, 1024)]:
-        c = gemv_config.TUNED[(n, k)][1]
+        c = gemv_config.tuned("NVIDIA H200")[(n, k)][1]
         assert c["BLOCK_K"] * c["SPLIT_K"] >= k and c["BLOCK_K"] * (c["SPLIT_K"] - 1) < k, (n, k, c)
         # What is checked lies along K; a few output tiles (one ragged) stand for all n
         # (the interpreter's time grows with the programs: all of n took ~40 s).
