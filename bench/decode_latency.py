@@ -21,8 +21,8 @@ those plus every shared expert ("experts/layer"). ``--profile`` adds a torch pro
 per-kernel breakdown of decode steps (graph replay and eager) at each profiled batch size.
 ``--gemv-config`` runs with entries of the skinny GEMM's table replaced: a config's effect in
 the model, which its kernel timed alone can hide (the one-row GEMVs' weight loads overlap the
-kernel before them; gemv_config.IN_MODEL). ``--moe-config`` does the same for the fused-MoE
-table (fused_moe_config: Qwen3-30B-A3B's decode entry was chosen that way). ``--routing tied``
+kernel before them; the table's ``in_model`` entries). ``--moe-config`` does the same for the
+fused-MoE table (Qwen3-30B-A3B's decode entries were chosen that way). ``--routing tied``
 zeroes the MoE routers of both engines' models (common.tie_routers), so every token picks
 the same experts: the workload behind vLLM's dummy-weight DeepSeek figures, where a bf16
 softmax ties every score (bench/RESULTS.md, "Settled questions").
@@ -77,7 +77,7 @@ PROFILE_WARMUP = 4  # decode steps between the prefill and the profiled ones
 
 def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int] | None]:
     """``N,K,M=BN,BK,SPLIT[,WARPS,STAGES]`` (or ``N,K,M=cublas``) -> ((N, K, M bucket), config
-    or None): one ``gemv_config.TUNED`` entry to run with instead of the shipped one."""
+    or None): one entry of the device's GEMV table to run with instead of the shipped one."""
     try:
         shape, value = spec.split("=")
         n, k, m = (int(v) for v in shape.split(","))
@@ -98,7 +98,7 @@ def parse_gemv_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]
 
 def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]:
     """``H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]`` -> ((hidden, inter, token
-    bucket), config): one ``fused_moe_config.TUNED`` entry to run with instead of the
+    bucket), config): one entry of the device's fused-MoE table to run with instead of the
     shipped one."""
     try:
         shape, value = spec.split("=")
@@ -120,10 +120,10 @@ def parse_moe_override(spec: str) -> tuple[tuple[int, int, int], dict[str, int]]
 
 def apply_overrides(table: dict, parse: Callable[[str], tuple[tuple[int, int, int], Any]],
                     specs: list[str]) -> dict[str, Any]:
-    """Replace entries of a shape -> {bucket: config} table (``gemv_config.TUNED`` with
-    ``parse_gemv_override``, ``fused_moe_config.TUNED`` with ``parse_moe_override``) in this
-    process, before an engine is built, to A/B a config in the model; returns them for the
-    results JSON."""
+    """Replace entries of a shape -> {bucket: config} table (the device's GEMV table with
+    ``parse_gemv_override``, its fused-MoE table with ``parse_moe_override``: the objects the
+    kernels read, atom_kernels_triton.tuning) in this process, before an engine is built, to
+    A/B a config in the model; returns them for the results JSON."""
     applied = {}
     for spec in specs:
         (a, b, bucket), config = parse(spec)
@@ -310,13 +310,13 @@ def report(results: dict) -> None:
 
 
 def main() -> None:
-    from atom_kernels_triton import fused_moe_config, gemv_config
+    from atom_kernels_triton import fused_moe_config, gemv_config, tuning
 
     results: dict = {"machine": machine(), "args": vars(ARGS)}
     results["gemv_overrides"] = apply_overrides(
-        gemv_config.TUNED, parse_gemv_override, ARGS.gemv_config)
+        gemv_config.tuned(tuning.device_name()), parse_gemv_override, ARGS.gemv_config)
     results["moe_overrides"] = apply_overrides(
-        fused_moe_config.TUNED, parse_moe_override, ARGS.moe_config)
+        fused_moe_config.tuned(tuning.device_name()), parse_moe_override, ARGS.moe_config)
     results["copy_bandwidth"] = copy_bandwidth()
     print(f"copy bandwidth {results['copy_bandwidth'] / 1e12:.2f} TB/s; weights {ARGS.weights}, "
           f"MoE routing {ARGS.routing}", flush=True)
@@ -360,11 +360,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch sizes to profile "
                         "(default: the smallest and largest of --batch-sizes)")
     p.add_argument("--gemv-config", action="append", default=[], metavar="N,K,M=BN,BK,SPLIT",
-                   help="replace a gemv_config.TUNED entry (also N,K,M=cublas); repeatable")
+                   help="replace an entry of the device's GEMV table (also N,K,M=cublas); "
+                        "repeatable")
     p.add_argument("--moe-config", action="append", default=[],
                    metavar="H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]]",
-                   help="replace a fused_moe_config.TUNED entry (hidden, inter, token bucket); "
-                        "repeatable")
+                   help="replace an entry of the device's fused-MoE table (hidden, inter, "
+                        "token bucket); repeatable")
     p.add_argument("--weights", choices=WEIGHT_SCHEMES, default="normal",
                    help="dummy weights: N(0, 0.02) matrices, or vLLM's dummy loader's "
                         "(common.randomize)")

@@ -172,21 +172,24 @@ def test_the_scripts_parse_their_flags():
     assert args.profile == 16 and args.profile_start is None
 
 
-def test_gemv_config_overrides_replace_table_entries(monkeypatch):
+def test_gemv_config_overrides_replace_table_entries():
     from atom_kernels_triton import gemv_config
 
-    monkeypatch.setattr(gemv_config, "TUNED", {k: dict(v) for k, v in gemv_config.TUNED.items()})
+    # A copy of the shipped H200 table: main() overrides the shared one the kernels read.
+    table = {k: dict(v) for k, v in gemv_config.tuned("NVIDIA H200").items()}
     args = decode_latency.parse_args(
         ["--gemv-config", "1024,2048,1=4,512,1", "--gemv-config", "4096,4096,16=cublas",
          "--gemv-config", "7,9,4=16,64,2,8,4", "--gemv-config", "6144,4096,32=128,128,2,4,4"])
-    applied = decode_latency.apply_overrides(gemv_config.TUNED, decode_latency.parse_gemv_override,
+    applied = decode_latency.apply_overrides(table, decode_latency.parse_gemv_override,
                                              args.gemv_config)
-    assert gemv_config.get_config(1, 1024, 2048, 2) == {
+    assert gemv_config.get_config(1, 1024, 2048, 2, table=table) == {
         "BLOCK_N": 4, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
-    assert gemv_config.get_config(16, 4096, 4096, 2) is None  # the op calls cuBLAS
-    assert gemv_config.get_config(3, 7, 9, 2) == {  # a shape the table lacked
+    # The op calls cuBLAS.
+    assert gemv_config.get_config(16, 4096, 4096, 2, table=table) is None
+    assert gemv_config.get_config(3, 7, 9, 2, table=table) == {  # a shape the table lacked
         "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 2, "num_warps": 8, "num_stages": 4}
-    assert gemv_config.wide_config(24, 6144, 4096, 2) == {  # a 32-row tile where cuBLAS ran
+    # A 32-row tile where cuBLAS ran.
+    assert gemv_config.wide_config(24, 6144, 4096, 2, table=table) == {
         "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4}
     assert applied["4096,4096,16"] is None
     assert set(applied) == {"1024,2048,1", "4096,4096,16", "7,9,4", "6144,4096,32"}
@@ -240,18 +243,18 @@ def test_tie_routers_finds_transformers_routers_and_refuses_a_dense_model():
         decode_latency.parse_args(["--routing", "uniform"])
 
 
-def test_moe_config_overrides_replace_table_entries(monkeypatch):
+def test_moe_config_overrides_replace_table_entries():
     from atom_kernels_triton import fused_moe_config
 
-    monkeypatch.setattr(fused_moe_config, "TUNED",
-                        {k: dict(v) for k, v in fused_moe_config.TUNED.items()})
+    table = {k: dict(v) for k, v in fused_moe_config.tuned("NVIDIA H200").items()}
     args = decode_latency.parse_args(["--moe-config", "2048,768,32=16,64,256,4,2",
                                       "--moe-config", "64,32,8=16,32,64,2,3"])
-    applied = decode_latency.apply_overrides(fused_moe_config.TUNED,
-                                             decode_latency.parse_moe_override, args.moe_config)
-    assert fused_moe_config.get_config(20, 8, 128, 2048, 768) == {
+    applied = decode_latency.apply_overrides(table, decode_latency.parse_moe_override,
+                                             args.moe_config)
+    assert fused_moe_config.get_config(20, 8, 128, 2048, 768, table=table) == {
         "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 2}
-    assert fused_moe_config.get_config(5, 2, 8, 64, 32)["BLOCK_K"] == 64  # a shape the table lacked
+    # A shape the table lacked.
+    assert fused_moe_config.get_config(5, 2, 8, 64, 32, table=table)["BLOCK_K"] == 64
     assert set(applied) == {"2048,768,32", "64,32,8"}
     # The launch forms: PERSISTENT's programs an SM, then OVERLAP as a flag.
     assert decode_latency.parse_moe_override("2048,768,32=16,32,128,2,3,0,1")[1] == {
