@@ -36,10 +36,11 @@ def step(model: ReplayForCausalLM, seqs: list[tuple[list[int], int, list[int]]])
         qsl.append(qsl[-1] + len(tokens))
         seq_lens.append(start + len(tokens))
     width = max(len(t) for _, _, t in seqs)
+    tables = [t + [-1] * (width - len(t)) for _, _, t in seqs]
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots), query_start_loc=torch.tensor(qsl, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [-1] * (width - len(t)) for _, _, t in seqs], dtype=torch.int32),
+        block_tables=torch.tensor(tables, dtype=torch.int32),
         block_size=BLOCK, max_query_len=max(len(s[0]) for s in seqs), max_seq_len=max(seq_lens),
         query_start_loc_cpu=qsl, seq_lens_cpu=seq_lens,
     )
@@ -66,6 +67,7 @@ def test_two_sequences_replay_their_scripts_then_eos(tmp_path):
 def test_inline_token_ids_and_a_chunked_prefill():
     model = model_for(replay_token_ids=[6, 6, 7])
     assert step(model, [([1, 2, 3, 4], 0, [0, 1])]) == [6]  # first chunk...
-    assert step(model, [([5, 6], 4, [0, 1])]) == [6]  # ...the prompt grew: the script restarts after it
+    # ...the prompt grew: the script restarts after it.
+    assert step(model, [([5, 6], 4, [0, 1])]) == [6]
     assert step(model, [([6], 6, [0, 1])]) == [6]
     assert step(model, [([6], 7, [0, 1])]) == [7]

@@ -56,7 +56,8 @@ class DeepseekV2ForCausalLM(CausalLMBase):
         if config.hidden_act != "silu":
             raise ValueError(f"DeepSeek with hidden_act={config.hidden_act!r} is not supported")
         is_neox = self.rope_is_neox(config)
-        layers = (deepseek_layer(config, i, self.version, is_neox) for i in range(config.num_hidden_layers))
+        layers = (deepseek_layer(config, i, self.version, is_neox)
+                  for i in range(config.num_hidden_layers))
         super().__init__(config, DecoderModel(config, layers))
 
     @staticmethod

@@ -20,7 +20,9 @@ def test_deepseek_matches_transformers(kind, block_size):
 
 @pytest.mark.parametrize("kind", ["deepseek_v2", "deepseek_v3"])
 def test_structure_follows_the_config(kind):
-    model = load_model(Config.from_kwargs(model=str(tiny_model_dir(kind))), "cpu", torch.float32).model
+    model = load_model(
+        Config.from_kwargs(model=str(tiny_model_dir(kind))), "cpu", torch.float32
+    ).model
     cfg = model.config
     layers = model.model.layers
     assert type(layers[0].mlp).__name__ == "DeepseekV2MLP"  # first_k_dense_replace = 1

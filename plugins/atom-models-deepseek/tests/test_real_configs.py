@@ -23,7 +23,8 @@ def param_counts(cfg, model) -> tuple[float, float]:
     """(total, active per token) in billions."""
     total = sum(p.numel() for p in model.parameters())
     idle = sum(
-        (m.num_experts - cfg.num_experts_per_tok) * (m.w13_weight[0].numel() + m.w2_weight[0].numel())
+        (m.num_experts - cfg.num_experts_per_tok)
+        * (m.w13_weight[0].numel() + m.w2_weight[0].numel())
         for m in model.modules() if isinstance(m, FusedMoE)
     )
     return total / 1e9, (total - idle) / 1e9
@@ -43,7 +44,8 @@ def test_real_config_builds_to_its_published_size(name, arch, total, active, den
     assert got_total == pytest.approx(total, rel=2e-3)
     assert got_active == pytest.approx(active, rel=2e-3)
     kinds = [type(layer.mlp).__name__ for layer in model.model.layers]
-    assert kinds == ["DeepseekV2MLP"] * dense_layers + ["DeepseekV2MoE"] * (cfg.num_hidden_layers - dense_layers)
+    moe_layers = cfg.num_hidden_layers - dense_layers
+    assert kinds == ["DeepseekV2MLP"] * dense_layers + ["DeepseekV2MoE"] * moe_layers
     # 576 latent values per token and layer, whatever the head count.
     assert all(a.kv_cache_shape(10, 16) == (10, 16, 576) for a in model.attention_layers())
     # --load_dummy's weight list is the model's (nothing allocated in "empty" mode).
@@ -53,7 +55,8 @@ def test_real_config_builds_to_its_published_size(name, arch, total, active, den
 def test_v2_lite_routing_and_v3_grouped_sigmoid_routing():
     _, lite = build_on_meta("deepseek-v2-lite")
     gate = lite.model.layers[1].mlp.gate
-    assert (gate.scoring_func, gate.num_expert_group, gate.e_score_correction_bias) == ("softmax", None, None)
+    routing = (gate.scoring_func, gate.num_expert_group, gate.e_score_correction_bias)
+    assert routing == ("softmax", None, None)
     assert lite.model.layers[0].self_attn.q_lora_rank is None
     _, v3 = build_on_meta("deepseek-v3")
     gate = v3.model.layers[3].mlp.gate

@@ -31,14 +31,18 @@ def run_steps(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Te
 
 
 def test_fused_matches_unfused_path(monkeypatch):
-    model = load_model(Config.from_kwargs(model=str(tiny_model_dir("qwen3"))), "cpu", torch.float32).model
+    model = load_model(
+        Config.from_kwargs(model=str(tiny_model_dir("qwen3"))), "cpu", torch.float32
+    ).model
     attns = [m.attn for m in model.modules() if isinstance(m, Qwen3Attention)]
     assert attns and all(a.accepts_written_cache for a in attns)  # the native backend
     calls = []
 
     def counting(name, device):
         op = resolve_op(name, device)
-        return (lambda *args: calls.append(1) or op(*args)) if name == "qk_norm_rope_cache_write" else op
+        if name != "qk_norm_rope_cache_write":
+            return op
+        return lambda *args: calls.append(1) or op(*args)
 
     monkeypatch.setattr(attention_backend, "resolve_op", counting)
     fused_logits, fused_caches = run_steps(model)

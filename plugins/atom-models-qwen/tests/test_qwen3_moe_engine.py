@@ -29,7 +29,8 @@ def reference():
 
 def test_greedy_tokens_identical_to_transformers(reference):
     path, ps, expected, _ = reference
-    engine = LLMEngine(str(path), enable_log_stats=False, device="cpu", **SETTINGS["chunked_prefill"])
+    engine = LLMEngine(str(path), enable_log_stats=False, device="cpu",
+                       **SETTINGS["chunked_prefill"])
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     engine.generate([warm_prefix(ps)], params)
     outs = engine.generate(ps, params)
@@ -40,6 +41,7 @@ def test_greedy_tokens_identical_to_transformers(reference):
 
 def test_prefill_logits_match_transformers(reference):
     path, ps, _, hf = reference
-    engine = LLMEngine(str(path), enable_log_stats=False, device="cpu", **SETTINGS["chunked_prefill"])
+    engine = LLMEngine(str(path), enable_log_stats=False, device="cpu",
+                       **SETTINGS["chunked_prefill"])
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5, logprobs=5)
     check_prompt_logprobs(hf, ps, engine.generate(ps, params))

@@ -32,11 +32,13 @@ def test_real_config_builds_to_its_published_size(name, arch, total, active):
     assert architecture(cfg) == arch and type(model).__name__ == arch
     params = sum(p.numel() for p in model.parameters())
     idle = sum(
-        (m.num_experts - cfg.num_experts_per_tok) * (m.w13_weight[0].numel() + m.w2_weight[0].numel())
+        (m.num_experts - cfg.num_experts_per_tok)
+        * (m.w13_weight[0].numel() + m.w2_weight[0].numel())
         for m in model.modules() if isinstance(m, FusedMoE)
     )
     assert params / 1e9 == pytest.approx(total, rel=2e-3)
     assert (params - idle) / 1e9 == pytest.approx(active, rel=2e-3)
     kv_heads = cfg.num_key_value_heads
-    assert all(a.kv_cache_shape(10, 16) == (2, 10, 16, kv_heads, 128) for a in model.attention_layers())
+    assert all(a.kv_cache_shape(10, 16) == (2, 10, 16, kv_heads, 128)
+               for a in model.attention_layers())
     assert init_dummy_weights(model, "empty") == {n for n, _ in model.named_parameters()}

@@ -58,10 +58,12 @@ class ReplayForCausalLM(nn.Module):
         return list(getattr(self.config, "replay_token_ids", None) or [])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        qkv = torch.zeros(input_ids.shape[0], HEAD_DIM, dtype=self.gain.dtype, device=input_ids.device)
+        qkv = torch.zeros(input_ids.shape[0], HEAD_DIM, dtype=self.gain.dtype,
+                          device=input_ids.device)
         self.attn(qkv, qkv, qkv)  # writes the cache like any model; the result is not needed
         targets = torch.tensor(self._targets(input_ids.tolist()), device=input_ids.device)
-        hidden = torch.zeros(input_ids.shape[0], self.vocab_size, dtype=self.gain.dtype, device=input_ids.device)
+        hidden = torch.zeros(input_ids.shape[0], self.vocab_size, dtype=self.gain.dtype,
+                             device=input_ids.device)
         hidden[torch.arange(input_ids.shape[0], device=input_ids.device), targets] = 1
         return hidden * self.gain
 
