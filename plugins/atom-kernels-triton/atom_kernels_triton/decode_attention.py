@@ -5,8 +5,8 @@ rows of one tile (padded to 16 for tl.dot), so each K/V tile is read once per gr
 once per query head. Splits divide each sequence's context at run time (from the seq_lens
 tensor), so a fixed grid - what a CUDA graph needs - fills the GPU at batch 1 and short
 contexts leave the surplus splits empty. Partial results carry their log-sum-exp in fp32,
-and the last split of a (sequence, kv head) to finish merges them in the same launch: a
-second merge kernel cost ~2 us a layer (launch plus gap) in batch-1 decode graphs.
+and the last split of a (sequence, kv head) to finish merges them in the same launch,
+saving a merge kernel's launch and gap a layer in batch-1 decode graphs.
 
 Everything the kernels read about the batch is in tensors; nothing depends on host values
 but the grid, which depends only on tensor shapes.
@@ -32,10 +32,9 @@ from atom_kernels_triton.qk_norm_rope import norm_rope_rows
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 # From this many splits on, each program has a tile or two and the kernel is bound by its
-# chain of dependent loads: it loads its first tile before pdl_wait (``PRELOAD``). Measured
-# on an H200, that took Qwen3-0.6B's batch-1 step 1.017 -> 0.959 ms, but slowed batch 32
-# (2-4 splits of several tiles) by 25% in bench/decode_attention.py, and at 4 splits in the
-# model Qwen3-30B-A3B's batch-32 step went 14.41 -> 15.31 ms; fewer splits keep the plain loop.
+# chain of dependent loads: it loads its first tile before pdl_wait (``PRELOAD``). That
+# speeds batch-1 decode but slowed the grids of 2-4 splits of several tiles each (batch 32)
+# on the H200, so fewer splits keep the plain loop.
 PRELOAD_MIN_SPLITS = 8
 
 
@@ -116,12 +115,11 @@ def _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N: tl.constexpr):
     """Tokens n0..n0+BLOCK_N of a sequence (those < end), whose cache offsets are ``rows``:
     K, V, the token mask, the tokens, and the offsets and mask the K/V loads used.
 
-    K and V are loaded together from one offset tensor. This exact form measured faster in
-    the model on an H200 (bench/decode_latency.py, Qwen3-0.6B batch 32: 1.81 ms a step in
-    three runs) than the loop written inline, each load forming its own pointers, with V
-    loaded before or after the scores (2.11-2.12 ms in four runs); the cause was not
-    isolated. bench/decode_attention.py's back-to-back calls of the kernel alone time it a
-    few percent slower. Check end to end before reshaping it."""
+    K and V are loaded together from one offset tensor. This exact form ran faster in the
+    model on an H200 (bench/decode_latency.py) than the loop written inline, each load
+    forming its own pointers, whether V was loaded before or after the scores; the cause
+    was not isolated, and the kernel timed alone (bench/decode_attention.py) does not show
+    it. Check end to end before reshaping it."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     nmask = offs_n < end
     kv_ptrs = rows[:, None] + offs_d[None, :]
@@ -208,8 +206,8 @@ def _decode_kernel(
     # Splits 0..n_active-1 hold tokens. In the preloading (many-split) grids the others leave
     # here, past the wait (pdl.py), rather than run over an empty range and count toward the
     # merge (at 576 tokens, 23 of 32 splits are empty); split 0 stays for an empty sequence,
-    # to merge its zeros. The other grids keep structured control flow: with this early
-    # return, Qwen3-8B batch 32 (2 splits) measured 5.776 -> 6.225 ms a step.
+    # to merge its zeros. The other grids keep structured control flow: this early return
+    # slowed them (Qwen3-8B at batch 32, 2 splits).
     n_active = tl.cdiv(seq_len, tl.maximum(split_len, 1))
     if PRELOAD:
         if split >= tl.maximum(n_active, 1):
@@ -277,10 +275,9 @@ def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int, waves: int = 4
     """Splits per (sequence, kv head) so that about ``waves`` programs per SM fill the GPU.
 
     A function of the batch shape only, so a captured graph and an eager step of the same
-    batch size split alike. 4 by default: measured on an H200
-    (bench/decode_attention.py), Qwen3-8B's batch 32 (256 programs unsplit) runs 31.4 ->
-    26.2 us a layer at 2 splits, and 4 kv heads x 32 sequences 21.0 -> 18.2 us at 4; from
-    ~2 programs per SM on, splitting only adds partials to merge.
+    batch size split alike. 4 by default, from bench/decode_attention.py on an H200:
+    splitting pays until about that many programs per SM; from ~2 programs per SM on it
+    only adds partials to merge.
     """
     programs = max(1, num_seqs * num_kv_heads)
     if 2 * programs >= waves * num_sms:
@@ -340,8 +337,8 @@ def paged_decode_attention(
         po = plse = counters = out  # unused: one split writes the output directly
     idx = seq_idx if seq_idx is not None else seq_lens
     preload = num_splits >= PRELOAD_MIN_SPLITS
-    # 8 warps for the latency-bound grids: measured 7.61 -> 6.76 us (Qwen3-0.6B) and 8.08 ->
-    # 7.27 us (Qwen3-8B) at batch 1, 32 splits, 576 tokens (bench/decode_attention.py).
+    # 8 warps for the latency-bound (preloading) grids, the faster at batch 1
+    # (bench/decode_attention.py).
     default = (32, 4, 2) if q.dtype == torch.float32 else (64, 8 if preload else 4, 2)
     block_n, num_warps, num_stages = tile or default
     fused = new_tokens is not None

@@ -12,14 +12,13 @@ features (rows of W) for all M rows of x and reads its rows of W once, BLOCK_K a
 - 2 <= M <= MAX_ROWS, 16-bit W: ``tl.dot`` on x padded to 16 rows. 16 is ``tl.dot``'s
   smallest tile, so every row shares one pass over W.
 - 2 <= M, fp32 W (the MoE router's gate, x promoted as it loads): fp32 FMAs into a
-  [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path. On an H200 (bench/router_gemv.py,
-  Qwen3-30B-A3B's 128 x 2048 router) it takes 3.5 / 4.8 / 5.4 us at 8 / 16 / 32 rows,
-  where ``tl.dot`` in ieee precision took 7.5 / 7.2 / 7.3 and cuBLAS 10.3 / 10.5 / 10.8.
+  [rows, BLOCK_N, BLOCK_K] tile, as the 1-row path: on an H200 it ran Qwen3-30B-A3B's
+  128 x 2048 router faster at 8-32 rows than ``tl.dot`` in ieee precision or cuBLAS.
 - 17..WIDE_ROWS rows of a 16-bit W: one 32-row ``tl.dot`` tile with the operands swapped
   (W x^T: W's tile is the product's M side), only for the shapes whose table has a 32-row
-  entry (``gemv_config.WIDE_ROWS``, split along K), else ``F.linear``. A first 32-row tile
-  (x W^T) for every shape slowed batch-32 decode on the H200 (Qwen3-8B 5.790 -> 5.900 ms a
-  step, Qwen3-30B-A3B 15.24 -> 16.61); cuBLAS keeps the shapes where it is faster.
+  entry (``gemv_config.WIDE_ROWS``, split along K), else ``F.linear``: a 32-row tile for
+  every shape slowed batch-32 decode on the H200, so cuBLAS keeps the shapes where it is
+  faster.
 - Larger M falls back to ``F.linear``, except for a small W (``ROW_BLOCKS_MAX_WEIGHT_BYTES``:
   the MoE routers), whose rows go in blocks of up to 16 on a third grid axis, each block
   reading W again from L2.
@@ -43,9 +42,8 @@ kernel fewer, twice a layer, and no pass over h before the product starts.
 
 Both fused forms serve one row (batch-1 decode); more rows call the two ops. On the
 ``tl.dot`` path the x tile needs work between its load and the dot, and Triton then does
-not pipeline the loop: measured on an H200 at 16 rows, Qwen3-8B's gate_up with its norm
-took 183 us against 54 for the two ops, its down projection with the activation 53 against
-31 (at 32 rows, 280 against 55 and 165 against 32).
+not pipeline the loop, which made the fused forms several times slower than the two ops
+at 16 and 32 rows on an H200.
 
 Block sizes, and whether to call cuBLAS instead, come from ``gemv_config.get_config``.
 """
@@ -167,7 +165,7 @@ def _gemv_kernel(
     elif FMA:
         # An fp32 weight (the MoE router's) on several rows: products in fp32 FMAs, a
         # [BLOCK_M, BLOCK_N, BLOCK_K] tile summed over K at the end, as the 1-row path does.
-        # tl.dot in ieee precision ran the router 1.4-2.1x slower (module docstring).
+        # tl.dot in ieee precision ran the router slower (module docstring).
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
@@ -183,9 +181,8 @@ def _gemv_kernel(
     elif SWAP:
         # The 32-row tile (SWAP), operands swapped: W's [BLOCK_N, BLOCK_K] tile is the product's
         # M side and x's rows its N side (W x^T, transposed at the end), the way small-M
-        # GEMMs are usually laid out for tensor cores. Alone on an H200 in CUDA graphs this
-        # ran Qwen3-8B's o_proj 12.24 -> 11.53 us, its down 28.60 -> 27.64 and Qwen3-30B-A3B's
-        # o_proj 9.11 -> 7.38 at 32 rows, against x W^T with the tiles its own sweep had picked.
+        # GEMMs are usually laid out for tensor cores; on an H200 it beat x W^T, each with
+        # its sweep's best tiles, on the 32-row projections.
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)

@@ -96,9 +96,9 @@ def _align_torch(
 # Decode-sized batches (<= SMALL_PAIRS pairs) are laid out by one launch of E + 1 programs
 # instead: the torch path above is ~20 small kernels (sort, scatter, cumsums, searchsorted),
 # each a graph node with its own launch gap, which at batch 1 cost more than the expert
-# GEMMs, and at batch 128 took ~45 us a layer (its radix sort alone 28 us; H200 profile of
-# Qwen3-30B-A3B and DeepSeek-V2-Lite). 2048 pairs is 256 tokens of Qwen3-30B-A3B's 8 slots;
-# past it a program's [pairs] vectors grow long, and the torch path's sort takes over.
+# GEMMs (H200 profiles of Qwen3-30B-A3B and DeepSeek-V2-Lite). 2048 pairs is 256 tokens of
+# Qwen3-30B-A3B's 8 slots; past it a program's [pairs] vectors grow long, and the torch
+# path's sort takes over.
 SMALL_PAIRS = 2048
 SMALL_EXPERTS = 512
 
@@ -111,9 +111,8 @@ def _align_small_kernel(
 ):
     # Program e < E lays out expert e's segment; program E fills the rows and blocks past
     # the last segment. Every program counts all experts (a histogram of the ids) to know
-    # where its segment starts, so no program waits on another. The histogram replaced an
-    # [E, pairs] match that took 255 registers a thread at 32 tokens x 8 of 128 experts:
-    # 4.76 -> 1.74 us a call on an H200, Qwen3-30B-A3B batch 32 14.63 -> 14.52 ms a step.
+    # where its segment starts, so no program waits on another. A histogram, not an
+    # [E, pairs] match, which took 255 registers a thread at 32 tokens x 8 of 128 experts.
     pdl_wait(PDL)
     e = tl.program_id(0)
     pairs = tl.arange(0, P_PAD)

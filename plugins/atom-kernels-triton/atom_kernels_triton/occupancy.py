@@ -8,8 +8,8 @@ calculator counts them (registers per warp rounded up to 256, 1 KiB of shared me
 reserved per block), times the SMs. Registers differ between specializations of one kernel
 (Triton compiles one per pattern of 16-byte-aligned pointers and of integers equal to 1 or
 divisible by 16), so the bound is cached per specialization, never shared between them.
-A bound from the most registers a thread can have (255) instead held DeepSeek-V2-Lite's
-batch-1 experts kernel to 2 programs an SM and cost 0.5 ms a step (bench/RESULTS.md).
+A bound from the most registers a thread can have (255) would be safe too, but holds
+DeepSeek-V2-Lite's batch-1 experts kernel to 2 programs an SM, slowing its decode step.
 """
 
 from __future__ import annotations

@@ -157,11 +157,10 @@ def tile_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int, int]:
         return 64, 32, 8, 2  # 128-row tiles spill; 3 stages of wide K/V overflow shared memory
     if torch.version.hip:
         return 128, 64, 8, 2  # ROCm's pipeliner is tuned for two stages
-    # Narrow K/V tiles under 4 warps. Measured on an H200 (bench/prefill_attention.py,
-    # Qwen3-8B shapes, bf16), against the 128x64 / 8-warp tiles before: 16 x 1024 tokens
-    # 0.717 -> 0.596 ms, 4 x 4096 1.932 -> 1.605, an 8 x 1024 extend over 3072 cached
-    # 1.714 -> 1.438; 4 stages were within 2% either way, and 8 warps on these tiles 1.5x
-    # slower. Three stages need 80 KiB of shared memory at head dim 128.
+    # Narrow K/V tiles under 4 warps: on an H200 (bench/prefill_attention.py, Qwen3-8B
+    # shapes, bf16) faster than 128x64 tiles under 8 warps for prefills and extends alike;
+    # 4 stages were no better, and 8 warps on these tiles slower. Three stages need 80 KiB
+    # of shared memory at head dim 128.
     return 128, 32, 4, 3
 
 
