@@ -58,8 +58,9 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
-    """The checkout's short HEAD, "+dirty" when tracked files differ from it. A tree copied
-    without its .git (a device machine's) says so, unless ``ATOM_BENCH_COMMIT`` names it."""
+    """The checkout's short HEAD, "+dirty" when tracked files differ from it. A copied tree
+    (a device machine's) may carry no .git, or one of another commit: name the commit
+    there with ``ATOM_BENCH_COMMIT``."""
     if os.environ.get("ATOM_BENCH_COMMIT"):
         return os.environ["ATOM_BENCH_COMMIT"]
 
