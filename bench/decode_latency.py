@@ -11,8 +11,7 @@ TPOT = (time of the last token - time of the first) / (tokens - 1), per request,
 Every batch's prompts are prefilled in one step (the engine's token budget is raised to
 batch x prompt length, up to 131,072, where the default 16,384 is smaller), so TPOT is the
 steady decode step: with the prompts in several chunked-prefill steps, the first requests'
-TPOT would also count the later prompts' prefills (DeepSeek-V2-Lite batch 128: 21.7 ms
-against a 13.3 ms decode step).
+TPOT would also count the later prompts' prefills.
 Roofline = (weight bytes a step reads + mean KV bytes read per step) / device-to-device copy
 bandwidth (read + write bytes per second of a 2 GiB copy, measured first). A MoE step reads
 only the experts its tokens chose: after the timed run, 8 eager decode steps at the same
@@ -343,7 +342,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     # 16 as well: the kernels switch paths between 1 and 32 rows (the skinny GEMM serves up
-    # to 16), and a slowdown there once went unseen while only 1 and 32 were measured.
+    # to 16), which batches 1 and 32 alone would not show.
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 32])
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
