@@ -43,13 +43,18 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
-        self.validate()
+        if isinstance(self.stop_strings, str):
+            self.stop_strings = [self.stop_strings]
 
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
 
     def validate(self) -> None:
+        """InvalidRequestError naming the first field out of range. Run once per request,
+        by ``engine.validation.check_request``, not on construction: a SamplingParams is
+        copied (``dataclasses.replace``) and decoded in the engine process on its way."""
+
         def bad(param: str, why: str) -> InvalidRequestError:
             return InvalidRequestError(f"{param} {why}", param=param)
 
@@ -77,10 +82,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0 or value > 20):
                 raise bad(name, f"must be an integer in [0, 20], got {value!r}")
-        if self.stop_strings is not None:
-            if isinstance(self.stop_strings, str):
-                self.stop_strings = [self.stop_strings]
-            if not all(isinstance(s, str) and s for s in self.stop_strings):
-                raise bad("stop", "must be a list of non-empty strings")
+        stops = self.stop_strings
+        if stops is not None and not all(isinstance(s, str) and s for s in stops):
+            raise bad("stop", "must be a list of non-empty strings")
         if not all(isinstance(t, int) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be a list of integers in [0, 2**63 - 1]")

@@ -1,9 +1,10 @@
 """The frontend's handle on the engine process: requests out, per-step outputs in.
 
 One asyncio task reads the engine's StepOutputs (one message per step for all streams),
-detokenizes each request's new tokens, applies stop strings, and puts a RequestDelta in
-that request's StreamOutputCollector. A stop string found here aborts the request in the
-engine; so does a consumer that stops reading (a client disconnect).
+turns each request's new tokens into text (its RequestText: detokenizing, stop strings),
+and puts a RequestDelta in that request's StreamOutputCollector. A stop string found here
+aborts the request in the engine; so does a consumer that stops reading (a client
+disconnect). Requests arrive checked (check_request, in the HTTP handlers).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from atom_core.engine.core_messages import (
     from_engine_decoder,
 )
 from atom_core.engine.core_process import run_engine_core
-from atom_core.engine.detokenizer import IncrementalDetokenizer
+from atom_core.engine.output import RequestText
 from atom_core.engine.request_stream import RequestDelta, StreamOutputCollector
 from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
 from atom_core.loader import load_tokenizer
@@ -52,7 +53,7 @@ STARTUP_TIMEOUT_S = 1800.0
 @dataclass
 class _Stream:
     collector: StreamOutputCollector
-    detok: IncrementalDetokenizer
+    text: RequestText
     finished: bool = False
 
 
@@ -212,20 +213,13 @@ class EngineClient:
 
     @staticmethod
     def _delta(stream: _Stream, out: TokenOutput) -> RequestDelta:
-        detok = stream.detok
-        finish_reason, stop_reason, finished = out.finish_reason, out.stop_reason, out.finished
-        ids = out.token_ids
-        if out.finished and isinstance(out.stop_reason, int) and ids:
-            ids = ids[:-1]  # a stop token ends the text; it is not part of it (as in vLLM)
-        for t in ids:
-            detok.add_token(t)
-            if detok.stopped_on is not None:
-                finished, finish_reason, stop_reason = True, "stop", detok.stopped_on
-                break
-        text = detok.flush() if finished else detok.release()
+        text, finish_reason, stop_reason = stream.text.update(
+            out.token_ids, out.finish_reason if out.finished else None, out.stop_reason
+        )
         return RequestDelta(
-            out.request_id, text, list(out.token_ids), list(out.logprobs), finished, finish_reason,
-            stop_reason, out.num_prompt_tokens, out.num_output_tokens, out.prompt_logprobs,
+            out.request_id, text, list(out.token_ids), list(out.logprobs),
+            out.finished or finish_reason is not None, finish_reason, stop_reason,
+            out.num_prompt_tokens, out.num_output_tokens, out.prompt_logprobs,
             out.ttft_s, out.latency_s, out.error,
         )
 
@@ -237,12 +231,8 @@ class EngineClient:
         self._check_alive()
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
-        params.validate()
-        stream = _Stream(
-            StreamOutputCollector(),
-            IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.stop_strings,
-                                   params.include_stop_str_in_output),
-        )
+        text = RequestText(self.tokenizer, prompt_token_ids, params)
+        stream = _Stream(StreamOutputCollector(), text)
         self._streams[request_id] = stream
         # Stop strings are matched here, on text; the engine sees token ids only.
         engine_params = replace(params, stop_strings=None)

@@ -62,8 +62,11 @@ class EngineCore:
     def handle(self, msg: AddRequest | AbortRequests | Control) -> None:
         if isinstance(msg, AddRequest):
             try:
-                self.engine.add_request([msg.prompt_token_ids], msg.params, self._collect, [msg.request_id])
-            except AtomError as exc:  # refused: say so to that request only
+                # Checked by the frontend (check_request) before it was sent.
+                self.engine.add_checked_request(
+                    msg.prompt_token_ids, msg.params, msg.request_id, self._collect
+                )
+            except AtomError as exc:  # refused (a request id in flight): to that request only
                 self.pending.append(TokenOutput(msg.request_id, [], True, "abort", error=str(exc)))
         elif isinstance(msg, AbortRequests):
             for rid in msg.request_ids:

@@ -13,12 +13,13 @@ import torch
 
 from atom_core.config import Config
 from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.model_runner import ModelRunner, PendingStep, StepOutput
+from atom_core.engine.output import RequestText
 from atom_core.engine.profiler import TorchProfiler, profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, Sequence
 from atom_core.engine.stats import StatsLogger
+from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.loader import load_model
 from atom_core.sampling_params import SamplingParams
@@ -53,7 +54,7 @@ class RequestOutput:
 @dataclass
 class _Request:
     seq: Sequence
-    detok: IncrementalDetokenizer | None
+    text: RequestText | None
     callback: Callable[[RequestOutput], None] | None
     sent_tokens: int = 0
     pieces: list[str] = field(default_factory=list)
@@ -163,20 +164,6 @@ class LLMEngine:
             messages, chat_template=template, tokenize=False, add_generation_prompt=True, **template_kwargs
         )
 
-    def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        params.validate()
-        if not token_ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        vocab = self.hf_config.vocab_size
-        if any(t < 0 or t >= vocab for t in token_ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if len(token_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens; the prompt "
-                f"has {len(token_ids)} tokens, which leaves no room to generate",
-                param="messages",
-            )
-
     def add_request(
         self,
         prompt_or_tokens_list: Seq[str | list[int]] | str,
@@ -184,8 +171,9 @@ class LLMEngine:
         stream_callback: Callable[[RequestOutput], None] | None = None,
         request_ids: Seq[str] | None = None,
     ) -> list[str]:
-        """Queue prompts (text or token ids); returns their request ids. All are validated
-        before any is queued, so a bad prompt rejects the call and queues nothing."""
+        """Queue prompts (text or token ids); returns their request ids. Each passes
+        ``check_request`` before any is queued, so a bad one rejects the call and queues
+        nothing."""
         prompts = [prompt_or_tokens_list] if isinstance(prompt_or_tokens_list, str) else list(prompt_or_tokens_list)
         if sampling_params_list is None:
             sampling_params_list = SamplingParams()
@@ -199,23 +187,31 @@ class LLMEngine:
         if request_ids is not None and len(request_ids) != len(prompts):
             raise InvalidRequestError("one request id per prompt")
         token_lists = [self.tokenize(p) for p in prompts]
+        vocab = self.hf_config.vocab_size
         for ids, sp in zip(token_lists, params):
-            self._validate(ids, sp)
+            check_request(ids, sp, self.max_model_len, vocab)
         out = []
         for k, (ids, sp) in enumerate(zip(token_lists, params)):
             rid = request_ids[k] if request_ids is not None else self._new_id()
-            if rid in self._requests:
-                raise InvalidRequestError(f"request id {rid!r} is already in flight")
-            seq = Sequence(ids, sp, request_id=rid)
-            detok = None
-            if self.detokenize:
-                detok = IncrementalDetokenizer(
-                    self.tokenizer, ids, sp.stop_strings, sp.include_stop_str_in_output
-                )
-            self.scheduler.add(seq)
-            self._requests[rid] = _Request(seq, detok, stream_callback)
+            self.add_checked_request(ids, sp, rid, stream_callback)
             out.append(rid)
         return out
+
+    def add_checked_request(
+        self,
+        token_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        stream_callback: Callable[[RequestOutput], None] | None = None,
+    ) -> None:
+        """Queue one request that has passed ``check_request``: the engine process's way
+        in, since the server's frontend checks every request before sending it."""
+        if request_id in self._requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight")
+        seq = Sequence(token_ids, params, request_id=request_id)
+        text = RequestText(self.tokenizer, token_ids, params) if self.detokenize else None
+        self.scheduler.add(seq)
+        self._requests[request_id] = _Request(seq, text, stream_callback)
 
     def _new_id(self) -> str:
         self._next_id += 1
@@ -374,13 +370,16 @@ class LLMEngine:
                 num_prompt += seq.num_prompt_tokens
             if seq.seq_id in out.logprobs:
                 seq.logprobs.append(out.logprobs[seq.seq_id])
-            reason = self._finish_reason(seq, token, req)
+            reason = self._finish_reason(seq, token)
+            text = ""
+            if req is not None and req.text is not None:
+                text, reason, seq.stop_reason = req.text.update([token], reason, seq.stop_reason)
             if reason is not None:
                 seq.finish_time = time.perf_counter()
                 self.scheduler.finish(seq, reason)
                 finished.append(seq)
             if req is not None:
-                self._notify(req, reason is not None)
+                self._notify(req, text, reason is not None)
         for seq in finished:
             self._requests.pop(seq.request_id, None)
         prompt, gen = self.last_step_tokens
@@ -388,26 +387,20 @@ class LLMEngine:
         self.stats.record(num_prompt, num_gen)
         return finished
 
-    def _finish_reason(self, seq: Sequence, token: int, req: _Request | None) -> str | None:
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """Whether ``token`` ends ``seq`` by its id or its count (a stop string is the
+        request's RequestText's to find)."""
         sp = seq.sampling_params
         if not sp.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if token in sp.stop_token_ids:
             seq.stop_reason = token
             return "stop"
-        if req is not None and req.detok is not None:
-            req.detok.add_token(token)
-            if req.detok.stopped_on is not None:
-                seq.stop_reason = req.detok.stopped_on
-                return "stop"
         if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _notify(self, req: _Request, finished: bool) -> None:
-        text = ""
-        if req.detok is not None:
-            text = req.detok.flush() if finished else req.detok.release()
+    def _notify(self, req: _Request, text: str, finished: bool) -> None:
         req.pieces.append(text)
         if req.callback is None:
             return

@@ -22,9 +22,10 @@ class EngineClientAPI(Protocol):
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestDelta]:
-        """Deltas of one request until one has ``finished``. Stop strings, detokenization
-        and logprobs are applied. Closing the iterator early aborts the request in the
-        engine (its KV blocks are freed within one step)."""
+        """Deltas of one request, which has passed ``check_request`` (nothing checks it
+        again), until one has ``finished``. Stop strings, detokenization and logprobs are
+        applied. Closing the iterator early aborts the request in the engine (its KV blocks
+        are freed within one step)."""
         ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -1,11 +1,8 @@
-"""What every generation endpoint shares: the model-name and context-length checks,
-``stream_deltas`` (a response's engine requests fanned in, and aborted together when the
-response is dropped), ``ChoiceTally`` (one choice's output and timings), ``usage_of``,
-``TokenTexts`` and the SSE error frame.
-
-Nothing is clipped silently: a prompt that fills the context is refused (400), and
-``max_tokens`` beyond what the context has left is accepted - generation then stops at
-max_model_len with finish_reason "length".
+"""What every generation endpoint shares: the model-name check, ``stream_deltas`` (a
+response's engine requests fanned in, and aborted together when the response is dropped),
+``ChoiceTally`` (one choice's output and timings), ``usage_of``, ``TokenTexts`` and the SSE
+error frame. A request's own check (prompt and sampling parameters) is the engine's
+``check_request``, which each handler runs once per prompt before any engine request.
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ from atom_core.engine.sequence import Logprob
 from atom_core.entrypoints.http.engine_api import EngineClientAPI
 from atom_core.entrypoints.http.errors import exception_body
 from atom_core.entrypoints.http.openai.protocol import UsageInfo
-from atom_core.entrypoints.http.prompt_tokens import context_error
 from atom_core.entrypoints.http.sse import data_frame
-from atom_core.errors import AtomError, InvalidRequestError, ModelNotFoundError
+from atom_core.errors import AtomError, ModelNotFoundError
 from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -44,13 +40,6 @@ def check_model(requested: str | None, names: Collection[str]) -> None:
         err = ModelNotFoundError(f"The model `{requested}` does not exist.")
         err.param = "model"  # type: ignore[attr-defined]  # errors.py reads it
         raise err
-
-
-def check_prompt_len(engine: EngineClientAPI, num_tokens: int, param: str) -> None:
-    if num_tokens == 0:
-        raise InvalidRequestError("the prompt is empty", param=param)
-    if num_tokens >= engine.max_model_len:
-        raise context_error(engine.max_model_len, num_tokens, param)
 
 
 def choice_params(params: SamplingParams, j: int) -> SamplingParams:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from atom_core.errors import InvalidRequestError
+from atom_core.engine.validation import context_error
 
 T = TypeVar("T")
 
@@ -50,16 +50,6 @@ async def off_loop(fn: Callable[..., T], *args: Any) -> T:
     first served). Cancelling the caller waits for ``fn`` to return: the thread cannot be
     stopped, and the limit must count it until it ends."""
     return await anyio.to_thread.run_sync(fn, *args, limiter=_workers)
-
-
-def context_error(max_model_len: int, num_tokens: int, param: str, at_least: bool = False) -> InvalidRequestError:
-    """The 400 of a prompt that leaves no room to generate (OpenAI's words)."""
-    has = f"at least {num_tokens}" if at_least else str(num_tokens)
-    return InvalidRequestError(
-        f"This model's maximum context length is {max_model_len} tokens. However, your "
-        f"prompt has {has} tokens, which leaves no room to generate one.",
-        param=param,
-    )
 
 
 def trimmed_len(text: str) -> int:
@@ -161,7 +151,8 @@ def char_bound(tokenizer: Any) -> CharBound | None:
 class PromptTokenizer:
     """``encode(text, ...)`` for a handler's worker thread: the prompt's ids, or the
     context-length 400 as soon as it is certain (before tokenizing when the character
-    count already proves it)."""
+    count already proves it). The request's check is ``check_request``, on the ids; this
+    refuses the same prompts early, so that one that cannot be served costs little."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer

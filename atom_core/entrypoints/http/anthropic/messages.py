@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from atom_core.engine.request_stream import RequestDelta
+from atom_core.engine.validation import check_request
 from atom_core.entrypoints.http.anthropic.protocol import (
     ContentBlockDelta,
     ContentBlockStart,
@@ -69,7 +70,6 @@ from atom_core.entrypoints.http.generation import (
     ChoiceTally,
     EngineJob,
     check_model,
-    check_prompt_len,
     stream_deltas,
 )
 from atom_core.entrypoints.http.openai.chat import OpenAIServingChat, ReplyReading
@@ -304,7 +304,11 @@ class AnthropicServingMessages:
         prompt, prompt_ids = await self.chat.render_prompt(
             chat_messages(request), tools, {"add_generation_prompt": True, **kwargs}
         )
-        check_prompt_len(self.engine, len(prompt_ids), "messages")
+        params = SamplingParams(
+            temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+            max_tokens=request.max_tokens, stop_strings=request.stop_sequences or None,
+        )
+        check_request(prompt_ids, params, self.engine.max_model_len, param="messages")
         tool_choice, parallel = None, True
         if request.tool_choice is not None:
             tool_choice = request.tool_choice.model_dump(include={"type", "name"}, exclude_none=True)
@@ -312,10 +316,6 @@ class AnthropicServingMessages:
         reading = ReplyReading.build(
             self.chat.parser, prompt, tools, tool_choice, show_reasoning=show_thinking,
             make_id=tool_use_id, parallel_tool_calls=parallel,
-        )
-        params = SamplingParams(
-            temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-            max_tokens=request.max_tokens, stop_strings=request.stop_sequences or None,
         )
         job = EngineJob(prompt_ids, params, message_id())
         if request.stream:

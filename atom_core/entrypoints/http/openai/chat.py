@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: render the chat template, run it as a completion, and read
 the reply with the model's ResponseParser.
 
-The request plumbing (model check, context check, fan-in of n choices, aborting on a
-dropped response, usage) is shared with /v1/completions and lives in http/generation.py.
+The request plumbing (model check, fan-in of n choices, aborting on a dropped response,
+usage) is shared with /v1/completions and lives in http/generation.py; the rendered
+prompt and the parameters pass the engine's check_request once.
 Every reply goes through one ResponseReader per choice: streamed, it is fed each engine
 delta; not streamed, it is fed the whole text once (``ResponseParser.read_whole``). There
 is no second reader, so the two modes agree byte for byte on content, reasoning_content
@@ -24,13 +25,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from atom_core.engine.sequence import Logprob
+from atom_core.engine.validation import check_request
 from atom_core.entrypoints.http.engine_api import EngineClientAPI
 from atom_core.entrypoints.http.generation import (
     ChoiceTally,
     EngineJob,
     TokenTexts,
     check_model,
-    check_prompt_len,
     choice_params,
     error_frame,
     served_names,
@@ -270,11 +271,12 @@ class OpenAIServingChat:
     ) -> Response:
         check_model(request.model, self.names)
         prompt, prompt_ids, show_reasoning = await self.render(request)
-        check_prompt_len(self.engine, len(prompt_ids), "messages")
+        # max_tokens null: as many as fit, which the engine's context cap enforces.
+        params = request.to_sampling_params(self.engine.max_model_len)
+        check_request(prompt_ids, params, self.engine.max_model_len, param="messages")
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
                                      show_reasoning=show_reasoning,
                                      parallel_tool_calls=request.parallel_tool_calls)
-        params = request.to_sampling_params(self.engine.max_model_len - len(prompt_ids))
         rid = random_id("chatcmpl")
         jobs = [
             EngineJob(prompt_ids, choice_params(params, i), f"{rid}-{i}") for i in range(request.n)

@@ -1,6 +1,8 @@
 """POST /v1/completions: text or token-id prompts, n choices, echo, legacy logprobs.
 
-The plumbing every endpoint shares (checks, fan-in of choices, usage) is http/generation.py.
+The plumbing every endpoint shares (model check, fan-in of choices, usage) is
+http/generation.py; each prompt passes the engine's check_request once, on the worker
+thread that tokenizes it, and its n choices share that check.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from starlette.responses import Response
 
 from atom_core.engine.request_stream import RequestDelta
 from atom_core.engine.sequence import Logprob
+from atom_core.engine.validation import check_request
 from atom_core.entrypoints.http.engine_api import EngineClientAPI
 from atom_core.entrypoints.http.generation import (
     ChoiceTally,
     EngineJob,
     TokenTexts,
     check_model,
-    check_prompt_len,
     choice_params,
     error_frame,
     served_names,
@@ -39,7 +41,8 @@ from atom_core.entrypoints.http.openai.protocol import (
 )
 from atom_core.entrypoints.http.prompt_tokens import PromptTokenizer, off_loop
 from atom_core.entrypoints.http.sse import DONE_FRAME, data_frame, json_response, sse_response
-from atom_core.errors import EngineDeadError, InvalidRequestError
+from atom_core.errors import EngineDeadError
+from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +89,12 @@ class OpenAIServingCompletion:
         self, request: CompletionRequest, raw_request: Request | None = None
     ) -> Response:
         check_model(request.model, self.names)
-        prompts = await off_loop(self._prompts, request)
+        # max_tokens null: as many as fit, which the engine's context cap enforces.
+        params = request.to_sampling_params(self.engine.max_model_len)
+        prompts = await off_loop(self._prompts, request, params)
         rid, n = random_id("cmpl"), request.n
         jobs = []
         for p_index, prompt in enumerate(prompts):
-            check_prompt_len(self.engine, len(prompt.token_ids), "prompt")
-            params = request.to_sampling_params(self.engine.max_model_len - len(prompt.token_ids))
             for j in range(n):
                 job_id = f"{rid}-{p_index * n + j}"
                 jobs.append(EngineJob(prompt.token_ids, choice_params(params, j), job_id))
@@ -102,23 +105,22 @@ class OpenAIServingCompletion:
             return sse_response(self._stream(request, rid, jobs, choice_prompts, prompt_tokens))
         return await self._full(request, rid, jobs, choice_prompts, prompt_tokens)
 
-    def _prompts(self, request: CompletionRequest) -> list[_Prompt]:
-        """A worker thread's part: every prompt's ids, checked against the context."""
-        return [self._prompt(p, request) for p in request.prompt]
+    def _prompts(self, request: CompletionRequest, params: SamplingParams) -> list[_Prompt]:
+        """A worker thread's part: every prompt's ids, each checked (check_request)."""
+        return [self._prompt(p, request, params) for p in request.prompt]
 
-    def _prompt(self, prompt: str | list[int], request: CompletionRequest) -> _Prompt:
+    def _prompt(
+        self, prompt: str | list[int], request: CompletionRequest, params: SamplingParams
+    ) -> _Prompt:
         tokenizer, max_model_len = self.engine.tokenizer, self.engine.max_model_len
         if isinstance(prompt, str):
             ids = self.tokens.encode(prompt, request.add_special_tokens, max_model_len, "prompt")
+            check_request(ids, params, max_model_len, param="prompt")
             return _Prompt(prompt, ids)
-        check_prompt_len(self.engine, len(prompt), "prompt")  # before reading every id
-        vocab = len(tokenizer)
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"token id {bad} is not in the vocabulary [0, {vocab})", "prompt"
-            )
-        return _Prompt(tokenizer.decode(prompt) if request.echo else "", list(prompt))
+        # A client's ids: bounded by the vocabulary, and checked before echo decodes them.
+        check_request(prompt, params, max_model_len, len(tokenizer), param="prompt")
+        text = tokenizer.decode(prompt) if request.echo else ""
+        return _Prompt(text, list(prompt))
 
     async def _full(
         self,

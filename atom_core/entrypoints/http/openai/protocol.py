@@ -367,7 +367,7 @@ class ChatCompletionRequest(_SamplingRequest):
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """``default_max_tokens`` is used when the client sent ``max_tokens: null`` (the
-        handler passes what is left of the context)."""
+        handler passes max_model_len: generation stops where the context ends)."""
         if self.max_completion_tokens is not None:
             max_tokens, param = self.max_completion_tokens, "max_completion_tokens"
         else:

@@ -1,4 +1,7 @@
-"""Incremental detokenization and stop strings.
+"""A request's output text: incremental detokenization, stop strings, and the finish
+reason a stop string gives. One path for both consumers of the engine's tokens: LLMEngine
+feeds ``RequestText`` each step's token in-process; the server's EngineClient feeds it the
+tokens each engine step sends from the engine process (which sends ids, never text).
 
 Decoding only the newest tokens, against a few tokens of context, keeps the cost per
 token constant; waiting while the text ends in U+FFFD keeps a UTF-8 character that is
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from atom_core.sampling_params import SamplingParams
 
 # Tokens of prompt kept as context, so a word-initial space decodes as it would mid-text.
 CONTEXT_TOKENS = 5
@@ -97,3 +102,37 @@ class IncrementalDetokenizer:
         out = self.text[self.released : end]
         self.released = end
         return out
+
+
+class RequestText(IncrementalDetokenizer):
+    """One request's text, fed its tokens as the engine produces them.
+
+    ``update`` takes a step's new tokens and the engine's finish_reason (None while the
+    request runs), and returns ``(text, finish_reason, stop_reason)``: the text those
+    tokens release and how the request ends, if it does. The token that ends a request
+    with "stop" and no stop string (EOS, a stop token id) is not part of its text. A stop
+    string ends the request here: finish_reason "stop", the string as stop_reason. A
+    finished request's text is released whole; before that, what could still begin a
+    stop string is held back. (A subclass, not a wrapper: this runs once per token.)
+    """
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        super().__init__(
+            tokenizer, prompt_token_ids, params.stop_strings, params.include_stop_str_in_output
+        )
+
+    def update(
+        self,
+        token_ids: list[int],
+        finish_reason: str | None = None,
+        stop_reason: int | str | None = None,
+    ) -> tuple[str, str | None, int | str | None]:
+        if finish_reason == "stop" and token_ids and not isinstance(stop_reason, str):
+            token_ids = token_ids[:-1]
+        for token_id in token_ids:
+            self.add_token(token_id)
+            if self.stopped_on is not None:
+                finish_reason, stop_reason = "stop", self.stopped_on
+                break
+        text = self.flush() if finish_reason is not None else self.release()
+        return text, finish_reason, stop_reason

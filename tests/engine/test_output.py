@@ -1,8 +1,12 @@
+"""Incremental detokenization, stop strings, and RequestText: one request's text and
+the finish reason a stop string gives."""
+
 import random
 
 import pytest
 
-from atom_core.engine.detokenizer import IncrementalDetokenizer, fast_decoder
+from atom_core.engine.output import IncrementalDetokenizer, RequestText, fast_decoder
+from atom_core.sampling_params import SamplingParams
 from tests.tiny_tokenizer import SPECIAL, tiny_tokenizer
 
 TEXTS = [
@@ -125,3 +129,42 @@ def test_fast_decoder_keeps_transformers_cleanup():
 
     assert fast_decoder(Wrapped(), True)([72, 105]) == tok.decode([72, 105])
     assert calls == [[72, 105]]
+
+
+def test_request_text_streams_what_the_detokenizer_releases():
+    tok = tiny_tokenizer()
+    ids = tok.encode("Hello world! How are you today?")
+    text = RequestText(tok, [], SamplingParams(stop_strings=["XYZW"]))
+    pieces = [text.update([t]) for t in ids[:-1]]
+    assert all(reason is None and stop is None for _, reason, stop in pieces)
+    last, reason, _ = text.update(ids[-1:], "length")
+    assert reason == "length"
+    assert "".join(piece for piece, _, _ in pieces) + last == tok.decode(ids)
+
+
+@pytest.mark.parametrize("stop_reason", [None, 7])  # EOS, a stop token id
+def test_the_token_that_stops_a_request_is_not_text(stop_reason):
+    tok = tiny_tokenizer()
+    ids = tok.encode("Hello world")
+    text = RequestText(tok, [], SamplingParams())
+    update = text.update([*ids, tok.encode("!")[0]], "stop", stop_reason)
+    assert update == (tok.decode(ids), "stop", stop_reason)
+
+
+def test_a_stop_string_ends_the_request_whatever_the_engine_said():
+    tok = tiny_tokenizer()
+    ids = tok.encode("The quick brown fox jumps over the lazy dog.")
+    text = RequestText(tok, [], SamplingParams(stop_strings=["fox"]))
+    # The engine ran to its length limit in the same step; the stop string came first.
+    assert text.update(ids, "length") == ("The quick brown ", "stop", "fox")
+
+
+def test_request_text_takes_a_step_of_several_tokens():
+    tok = tiny_tokenizer()
+    ids = tok.encode("The quick brown fox jumps over the lazy dog.")
+    one_by_one = RequestText(tok, [], SamplingParams(stop_strings=["lazy"]))
+    per_token = "".join(one_by_one.update([t])[0] for t in ids[:-1])
+    per_token += one_by_one.update(ids[-1:], "length")[0]
+    in_steps = RequestText(tok, [], SamplingParams(stop_strings=["lazy"]))
+    stepped = "".join(in_steps.update(ids[i : i + 3])[0] for i in range(0, len(ids), 3))
+    assert per_token == stepped == "The quick brown fox jumps over the "
