@@ -33,7 +33,8 @@ def _pick(x, idx, valid, NONE: tl.constexpr):
 
 
 @triton.jit
-def _chunk_kernel(x_ptr, stride, vocab, val_ptr, idx_ptr, n_chunks, CHUNK: tl.constexpr, PDL: tl.constexpr):
+def _chunk_kernel(x_ptr, stride, vocab, val_ptr, idx_ptr, n_chunks, CHUNK: tl.constexpr,
+                  PDL: tl.constexpr):
     pdl_wait(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -72,10 +73,13 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
         return out
     chunk = min(CHUNK, triton.next_power_of_2(vocab))
     n_chunks = triton.cdiv(vocab, chunk)
-    vals = torch.empty(rows * n_chunks, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
+    vals = torch.empty(rows * n_chunks,
+                       dtype=torch.float64 if x.dtype == torch.float64 else torch.float32,
                        device=x.device)
     idx = torch.empty(rows * n_chunks, dtype=torch.int32, device=x.device)
     pdl = pdl_options(x.device)
-    _chunk_kernel[(rows, n_chunks)](x, x.stride(0), vocab, vals, idx, n_chunks, CHUNK=chunk, num_warps=4, **pdl)
-    _row_kernel[(rows,)](vals, idx, out, n_chunks, BLOCK=triton.next_power_of_2(n_chunks), num_warps=1, **pdl)
+    _chunk_kernel[(rows, n_chunks)](x, x.stride(0), vocab, vals, idx, n_chunks, CHUNK=chunk,
+                                    num_warps=4, **pdl)
+    _row_kernel[(rows,)](vals, idx, out, n_chunks, BLOCK=triton.next_power_of_2(n_chunks),
+                         num_warps=1, **pdl)
     return out

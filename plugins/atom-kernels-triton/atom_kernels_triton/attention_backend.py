@@ -56,7 +56,8 @@ class TritonAttentionBackend(AttentionBackend):
             return self._decode(q, kv_cache, meta, self._splits(meta.seq_lens.shape[0], q.device))
         num_tokens = q.shape[0]
         q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
+        out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype,
+                          device=q.device)
         decodes, prefills = self._plan(meta, q.device)
         if decodes.shape[0]:
             splits = self._splits(decodes.shape[0], q.device)
@@ -97,7 +98,8 @@ class TritonAttentionBackend(AttentionBackend):
                 splits: int, new: NewTokenInput | None = None) -> torch.Tensor:
         num_tokens = q.shape[0]
         q3 = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype, device=q.device)
+        out = torch.empty((num_tokens, self.num_heads, self.head_dim), dtype=q.dtype,
+                          device=q.device)
         paged_decode_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
             self.scale, splits, new_tokens=new,

@@ -44,8 +44,12 @@ def _counters(device: torch.device, needed: int) -> torch.Tensor:
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             # A zeros() here would be captured, not run: the buffer would start as garbage.
-            raise RuntimeError("decode attention counters must be allocated by a warm-up run outside graph capture")
-        buf = _COUNTERS[(device, capacity)] = torch.zeros(capacity, dtype=torch.int32, device=device)
+            raise RuntimeError(
+                "decode attention counters must be allocated by a warm-up run outside graph "
+                "capture"
+            )
+        buf = torch.zeros(capacity, dtype=torch.int32, device=device)
+        _COUNTERS[(device, capacity)] = buf
     return buf
 
 
@@ -68,7 +72,8 @@ def _merge_splits(
         # Few splits: all partials in one load, issued with the lse's - one round trip for
         # the merging program rather than one per split.
         parts = ((part0[:, None] + offs_s[None, :]) * BLOCK_D)[:, :, None] + offs_d[None, None, :]
-        o = tl.load(po_ptr + parts, mask=smask[:, :, None] & omask[:, None, :], other=0.0, cache_modifier=".cg")
+        o = tl.load(po_ptr + parts, mask=smask[:, :, None] & omask[:, None, :], other=0.0,
+                    cache_modifier=".cg")
     m = tl.max(lse, axis=1)
     m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
     w = tl.exp2(lse - m[:, None])
@@ -78,9 +83,10 @@ def _merge_splits(
     else:
         acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
         for i in range(0, n_active):
-            lse_i = tl.load(plse_ptr + part0 + i, mask=hmask, other=float("-inf"), cache_modifier=".cg")
-            o_i = tl.load(po_ptr + (part0 + i)[:, None] * BLOCK_D + offs_d[None, :], mask=omask, other=0.0,
-                          cache_modifier=".cg")
+            lse_i = tl.load(plse_ptr + part0 + i, mask=hmask, other=float("-inf"),
+                            cache_modifier=".cg")
+            o_i = tl.load(po_ptr + (part0 + i)[:, None] * BLOCK_D + offs_d[None, :], mask=omask,
+                          other=0.0, cache_modifier=".cg")
             acc += o_i * tl.exp2(lse_i - m)[:, None]
     res = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptrs, res.to(out_ptrs.dtype.element_ty), mask=omask)
@@ -102,7 +108,8 @@ def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPT
 
 
 @triton.jit
-def _tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N: tl.constexpr):
+def _tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+               BLOCK_N: tl.constexpr):
     """Where tokens n0..n0+BLOCK_N of a sequence (those < end) sit in the cache, for kv head
     kvh: an offset per token, from the sequence's block table."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -185,15 +192,19 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     first = start
-    rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+    rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+                      BLOCK_N)
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
         # rows earlier steps wrote - all but the sequence's newest row, which the kernel
         # before this one may be writing now. That row is reloaded after the wait, from L2.
-        k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N)
+        k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(
+            k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N
+        )
         first = start + BLOCK_N
-        rows = _tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head, BLOCK_N)
+        rows = _tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head,
+                          BLOCK_N)
     if FUSED_INPUT:
         cs = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
         slot = tl.load(slot_ptr + row)
@@ -201,8 +212,10 @@ def _decode_kernel(
     if PRELOAD:
         if not FUSED_INPUT:
             newest = kv_mask & (offs_n == seq_len - 1)[:, None]
-            k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
-            v = tl.where(newest, tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
+            k = tl.where(newest,
+                         tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
+            v = tl.where(newest,
+                         tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
     # Splits 0..n_active-1 hold tokens. In the preloading (many-split) grids the others leave
     # here, past the wait (pdl.py), rather than run over an empty range and count toward the
     # merge (at 576 tokens, 23 of 32 splits are empty); split 0 stays for an empty sequence,
@@ -215,12 +228,15 @@ def _decode_kernel(
     if FUSED_INPUT:
         q = norm_rope_rows(q_ptr + row * q_stride_t + kvh * GROUP * head_dim, hmask, qw_ptr, eps,
                            cs, head_dim, rot_dim, IS_NEOX, BLOCK_H, BLOCK_D)
-        k_new = norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim, tl.arange(0, 1) < 1, kw_ptr,
-                               eps, cs, head_dim, rot_dim, IS_NEOX, 1, BLOCK_D).to(k_ptr.dtype.element_ty)
+        k_new = norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim, tl.arange(0, 1) < 1,
+                               kw_ptr, eps, cs, head_dim, rot_dim, IS_NEOX, 1,
+                               BLOCK_D).to(k_ptr.dtype.element_ty)
         v_new = tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
                         mask=dmask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
-        if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):  # this split owns the new row
-            dst = (slot // block_size) * stride_blk + (slot % block_size) * stride_slot + kvh * stride_head
+        # This split owns the new row.
+        if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):
+            dst = ((slot // block_size) * stride_blk + (slot % block_size) * stride_slot
+                   + kvh * stride_head)
             tl.store(k_ptr + dst + offs_d[None, :], k_new, mask=dmask[None, :])
             tl.store(v_ptr + dst + offs_d[None, :], v_new, mask=dmask[None, :])
         tl.debug_barrier()  # the loop's loads by other threads see the row (same SM, same CTA)
@@ -267,7 +283,8 @@ def _decode_kernel(
         tl.debug_barrier()
         counter = count_ptr + b * tl.num_programs(1) + kvh
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
-            _merge_splits(po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask, BLOCK_H, BLOCK_S, BLOCK_D)
+            _merge_splits(po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask, BLOCK_H,
+                          BLOCK_S, BLOCK_D)
             tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
@@ -330,7 +347,8 @@ def paged_decode_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if num_splits > 1:
-        po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32, device=q.device)
+        po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32,
+                         device=q.device)
         plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
         counters = _counters(q.device, num_seqs * num_kv_heads)
     else:

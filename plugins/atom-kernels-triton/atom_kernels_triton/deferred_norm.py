@@ -24,5 +24,6 @@ def add_norm_store(y, res_ptrs, nw_ptrs, sum_ptrs, scaled_ptrs, mask, axis: tl.c
     h = (y.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype)
     tl.store(sum_ptrs, h, mask=mask)
     hf = h.to(tl.float32)
-    tl.store(scaled_ptrs, (hf * tl.load(nw_ptrs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype), mask=mask)
+    tl.store(scaled_ptrs, (hf * tl.load(nw_ptrs, mask=mask, other=0.0).to(tl.float32)).to(y.dtype),
+             mask=mask)
     return tl.sum(tl.where(mask, hf * hf, 0.0), axis=axis)

@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
-from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_kernels_triton import tuning
+from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_kernels_triton.fused_moe_config import OP, MoeConfig, get_config
 from atom_kernels_triton.gemv import reads_deferred
 from atom_kernels_triton.moe_align import align_by_expert, aligned_capacity, pair_expert
@@ -62,7 +62,8 @@ def _gate_up_tile(
     for k0 in range(0, hidden, BLOCK_K):
         kk = k0 + ks
         k_ok = kk < hidden
-        a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :],
+                    mask=valid[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & col_ok[None, :]
         w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
         wg = tl.load(w_base + w_off, mask=w_mask, other=0.0)
@@ -79,7 +80,8 @@ def _gate_up_tile(
     g = gate.to(dt).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
     act = (s * up.to(dt).to(tl.float32)).to(dt)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * inter + cols[None, :], act, mask=valid[:, None] & col_ok[None, :])
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * inter + cols[None, :], act,
+             mask=valid[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -103,14 +105,16 @@ def _down_tile(
         kk = k0 + ks
         k_ok = kk < inter
         a_off = rows[:, None].to(tl.int64) * inter + kk[None, :]
-        a = tl.load(act_ptr + a_off, mask=valid[:, None] & k_ok[None, :], other=0.0, cache_modifier=ACT_CACHE)
+        a = tl.load(act_ptr + a_off, mask=valid[:, None] & k_ok[None, :], other=0.0,
+                    cache_modifier=ACT_CACHE)
         w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
         w = tl.load(w_base + w_off, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
     # Routed slots carry their routing weight ([T, routed_k]); shared experts' slots 1.0.
     t = pair // top_k
     j = pair - t * top_k
-    scale = tl.load(weights_ptr + t * routed_k + j, mask=valid & (j < routed_k), other=1.0).to(tl.float32)
+    scale = tl.load(weights_ptr + t * routed_k + j, mask=valid & (j < routed_k),
+                    other=1.0).to(tl.float32)
     # The expert's output is rounded to the model dtype (as F.linear's is), then weighted in fp32.
     y = acc.to(act_ptr.dtype.element_ty).to(tl.float32) * scale[:, None]
     out_off = pair[:, None].to(tl.int64) * hidden + cols[None, :]
@@ -137,7 +141,8 @@ def _wait_block(ready_ptr, pid_m, up_tiles):
 @triton.jit
 def _gate_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
-    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps, ready_ptr,
+    pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+    ready_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     ROW_SS: tl.constexpr, OVERLAP: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -153,8 +158,8 @@ def _gate_up_kernel(
     if expert >= 0:  # else past the last expert's segment
         _gate_up_tile(
             x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
-            pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
-            BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
+            pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens,
+            eps, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
         )
     if OVERLAP:
         _count_tile(ready_ptr, pid_m)
@@ -197,8 +202,8 @@ def _down_kernel(
         if expert >= 0:
             _down_tile(
                 act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
-                pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, routed_k, hidden, inter,
-                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, "",
+                pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, routed_k, hidden,
+                inter, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, "",
             )
 
 
@@ -221,7 +226,8 @@ def _experts_kernel(
     pdl_wait(PDL)
     b = tl.arange(0, BLOCKS_PAD)
     # Real blocks are a prefix of the layout (-1 past the last expert's segment).
-    real = tl.sum((tl.load(block_expert_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32), axis=0)
+    real = tl.sum((tl.load(block_expert_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32),
+                  axis=0)
     up_tiles = tl.cdiv(inter, BLOCK_N)
     down_tiles = tl.cdiv(hidden, BLOCK_N)
     up_items = real * up_tiles
@@ -242,8 +248,8 @@ def _experts_kernel(
             _wait_block(ready_ptr, pid_m, up_tiles)
             _down_tile(
                 act_ptr, w2_ptr, w2_stride_e, w2_stride_n, w2_stride_k, weights_ptr, out_ptr,
-                pairs_ptr, expert, pid_m, d - pid_m * down_tiles, num_pairs, top_k, routed_k, hidden, inter,
-                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
+                pairs_ptr, expert, pid_m, d - pid_m * down_tiles, num_pairs, top_k, routed_k,
+                hidden, inter, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
             )
 
 
@@ -264,12 +270,15 @@ def _sum_pairs_kernel(
     j = tl.arange(0, BLOCK_K)
     pair = token * top_k + j
     e = pair_expert(ids_ptr, pair, j < top_k, top_k, routed_k, num_experts - num_shared)
-    used = (j < top_k) & (e >= 0) & (e < num_experts)  # else the pair had no row: its slot is garbage
-    rows = tl.load(per_pair_ptr + pair[:, None] * hidden + cols[None, :], mask=used[:, None] & col_ok[None, :], other=0.0)
+    # Else the pair had no row: its slot is garbage.
+    used = (j < top_k) & (e >= 0) & (e < num_experts)
+    rows = tl.load(per_pair_ptr + pair[:, None] * hidden + cols[None, :],
+                   mask=used[:, None] & col_ok[None, :], other=0.0)
     y = tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty)
     offs = token * hidden + cols
     if ADD_NORM:
-        ss = add_norm_store(y, res_ptr + offs, nw_ptr + cols, out_ptr + offs, scaled_ptr + offs, col_ok, 0)
+        ss = add_norm_store(y, res_ptr + offs, nw_ptr + cols, out_ptr + offs, scaled_ptr + offs,
+                            col_ok, 0)
         tl.store(ss_ptr + tl.program_id(1) * num_tokens + token, ss)
     else:
         tl.store(out_ptr + offs, y, mask=col_ok)
@@ -303,7 +312,8 @@ def fused_moe(
         table = tuning.table_for(OP, hidden.device)
         config = get_config(num_tokens, top_k, num_experts, hidden_size, inter, table)
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl_options(hidden.device)}
+    launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"],
+              **pdl_options(hidden.device)}
     x = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
@@ -312,8 +322,11 @@ def fused_moe(
     persistent = config.get("PERSISTENT", 0) if torch.version.hip is None else 0
     overlap = config.get("OVERLAP", False) and not persistent and torch.version.hip is None
     counted = persistent or overlap
-    ready = torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device) if counted else None
-    sorted_pairs, block_expert = align_by_expert(ids, num_experts, block_m, num_shared_experts, ready)
+    ready = (torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device)
+             if counted else None)
+    sorted_pairs, block_expert = align_by_expert(
+        ids, num_experts, block_m, num_shared_experts, ready
+    )
     precision = "ieee" if hidden.dtype == torch.float32 else "tf32"
     act = torch.empty((capacity, inter), dtype=hidden.dtype, device=hidden.device)
     # Pairs with an out-of-range id have no row and no program writes theirs: the sum skips them.
@@ -325,26 +338,34 @@ def fused_moe(
         args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
             w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
-            sorted_pairs, block_expert, capacity // block_m, ready, num_pairs, top_k, routed_k, hidden_size, inter,
-            ss, num_tokens, eps,
+            sorted_pairs, block_expert, capacity // block_m, ready, num_pairs, top_k, routed_k,
+            hidden_size, inter, ss, num_tokens, eps,
         )
-        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision,
-                  "ROW_SS": row_ss, "BLOCKS_PAD": triton.next_power_of_2(capacity // block_m), **launch}
-        items = (capacity // block_m) * (triton.cdiv(inter, block_n) + triton.cdiv(hidden_size, block_n))
-        _experts_kernel[(min(items, resident_programs(_experts_kernel, args, consts, persistent)),)](*args, **consts)
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                  "PRECISION": precision, "ROW_SS": row_ss,
+                  "BLOCKS_PAD": triton.next_power_of_2(capacity // block_m), **launch}
+        tiles = triton.cdiv(inter, block_n) + triton.cdiv(hidden_size, block_n)
+        items = (capacity // block_m) * tiles
+        programs = min(items, resident_programs(_experts_kernel, args, consts, persistent))
+        _experts_kernel[(programs,)](*args, **consts)
     else:
-        blocks, up_tiles, down_tiles = capacity // block_m, triton.cdiv(inter, block_n), triton.cdiv(hidden_size, block_n)
-        counts = ready if ready is not None else block_expert  # the counters; unused without OVERLAP
+        blocks = capacity // block_m
+        up_tiles, down_tiles = triton.cdiv(inter, block_n), triton.cdiv(hidden_size, block_n)
+        # The counters; unused without OVERLAP.
+        counts = ready if ready is not None else block_expert
         up_args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
-            sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps, counts,
+            sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps,
+            counts,
         )
-        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "PRECISION": precision, **launch}
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                  "PRECISION": precision, **launch}
         # Overlap only where the gate/up grid cannot be resident all at once (the down kernel's
         # docstring says why that orders it after the alignment); twice the computed occupancy,
         # so that an occupancy figure on the low side cannot break the argument.
         overlap = overlap and blocks * up_tiles > 2 * resident_programs(
-            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True}, per_sm_cap=1 << 10)
+            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True},
+            per_sm_cap=1 << 10)
         _gate_up_kernel[(up_tiles, blocks) if overlap else (blocks, up_tiles)](
             *up_args, ROW_SS=row_ss, OVERLAP=overlap, **consts,
         )
@@ -357,8 +378,8 @@ def fused_moe(
     block_k = triton.next_power_of_2(top_k)
     block_h = min(4096 // block_k, triton.next_power_of_2(hidden_size))
     col_blocks = triton.cdiv(hidden_size, block_h)
-    finish = (add_norm is not None and add_norm.residual.shape == out.shape and add_norm.residual.dtype == out.dtype
-              and reads_deferred(out, add_norm.reader))
+    finish = (add_norm is not None and add_norm.residual.shape == out.shape
+              and add_norm.residual.dtype == out.dtype and reads_deferred(out, add_norm.reader))
     if finish:
         residual, scaled = add_norm.residual.contiguous(), torch.empty_like(out)
         sumsq = torch.empty((col_blocks, num_tokens), dtype=torch.float32, device=out.device)
@@ -366,7 +387,8 @@ def fused_moe(
         per_pair, ids, out, top_k, routed_k, num_experts, num_shared_experts, hidden_size,
         residual if finish else out, add_norm.weight if finish else out, scaled if finish else out,
         sumsq if finish else out, num_tokens,
-        BLOCK_K=block_k, BLOCK_H=block_h, ADD_NORM=finish, num_warps=4, **pdl_options(hidden.device),
+        BLOCK_K=block_k, BLOCK_H=block_h, ADD_NORM=finish, num_warps=4,
+        **pdl_options(hidden.device),
     )
     if finish:
         return DeferredNorm(out, scaled, sumsq, add_norm.weight, add_norm.eps)

@@ -58,9 +58,9 @@ import triton.language as tl
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.ops.native.linear import linear as native_linear
+from atom_kernels_triton import tuning
 from atom_kernels_triton.activation import silu_and_mul
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
-from atom_kernels_triton import tuning
 from atom_kernels_triton.gemv_config import (
     H200_SMS,
     MAX_ROWS,
@@ -113,8 +113,8 @@ def _gemv_kernel(
     res_ptr, nw_ptr, sum_ptr, ss_ptr, eps, row_ss_ptr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr, SWAP: tl.constexpr,
-    ROW_SS: tl.constexpr,
+    GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr,
+    SWAP: tl.constexpr, ROW_SS: tl.constexpr,
 ):
     """ROW_SS > 0: x is a ``DeferredNorm``'s h * weight and row_ss_ptr its [ROW_SS, M] partial
     sums of h * h; each row of the product is scaled by 1/rms(h) at the end (here, or in the
@@ -143,8 +143,8 @@ def _gemv_kernel(
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
         if NORM:
-            a, sq = _load_norm_x(x_ptr + kk, res_ptr + kk, nw_ptr + kk, sum_ptr + kk, k_ok, k_ok & owner,
-                                 HAS_RES)
+            a, sq = _load_norm_x(x_ptr + kk, res_ptr + kk, nw_ptr + kk, sum_ptr + kk, k_ok,
+                                 k_ok & owner, HAS_RES)
         else:
             a = _load_x(x_ptr + kk, k_ok, K, GATED).to(tl.float32)
         acc2 = w0.to(tl.float32) * a[None, :]
@@ -169,12 +169,14 @@ def _gemv_kernel(
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         w0 = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
-        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
         acc3 = a[:, None, :] * w0.to(tl.float32)[None, :, :]
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
-            a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                        other=0.0).to(tl.float32)
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
             acc3 += a[:, None, :] * w[None, :, :]
         acc = tl.sum(acc3, axis=2)
@@ -256,7 +258,8 @@ def _split_k_reduce_kernel(
     offs = row.to(tl.int64) * N + cols
     y = acc.to(out_ptr.dtype.element_ty)
     if ADD_NORM:
-        ss = add_norm_store(y, res_ptr + offs, nw_ptr + cols, out_ptr + offs, scaled_ptr + offs, col_ok, 0)
+        ss = add_norm_store(y, res_ptr + offs, nw_ptr + cols, out_ptr + offs, scaled_ptr + offs,
+                            col_ok, 0)
         tl.store(ss_out_ptr + tl.program_id(1) * M + row, ss)
     else:
         tl.store(out_ptr + offs, y, mask=col_ok)
@@ -298,7 +301,8 @@ def supported(
         and weight.is_contiguous()
         and weight.dtype in DTYPES
         # An fp32 weight (the MoE router's) takes a half-precision x, promoted as it loads.
-        and (x.dtype == weight.dtype or (weight.dtype == torch.float32 and x.dtype in DTYPES and not gated))
+        and (x.dtype == weight.dtype
+             or (weight.dtype == torch.float32 and x.dtype in DTYPES and not gated))
         and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous()))
     )
 
@@ -321,7 +325,8 @@ def reads_deferred(x: torch.Tensor, reader: torch.Tensor | None) -> bool:
 
 
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None, gated: bool,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None,
+    gated: bool,
     norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None, reduce: bool = True,
     deferred: DeferredNorm | None = None, add_norm: AddNorm | None = None,
 ) -> tuple[torch.Tensor | DeferredNorm, torch.Tensor | None] | None:
@@ -348,7 +353,8 @@ def _launch(
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # drops splits that would start past K
     out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
-    part = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    part = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+            if split_k > 1 else out)
     has_bias = bias is not None
     residual, norm_weight, eps = norm if norm is not None else (None, weight, 0.0)
     if deferred is not None:
@@ -356,7 +362,8 @@ def _launch(
     res2 = _rows(residual) if residual is not None else x2
     # A new tensor: programs of the other columns still read the residual.
     summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
-    ss = torch.empty((split_k, m), dtype=torch.float32, device=x.device) if norm is not None and split_k > 1 else out
+    ss = (torch.empty((split_k, m), dtype=torch.float32, device=x.device)
+          if norm is not None and split_k > 1 else out)
     row_ss = deferred.sumsq if deferred is not None else out
     row_parts = deferred.sumsq.shape[0] if deferred is not None else 0
     pdl = pdl_options(x.device)
@@ -374,8 +381,8 @@ def _launch(
         res2, norm_weight, summed if summed is not None else x2, ss, eps, row_ss,
         HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
-        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma, SWAP=block_m == WIDE_ROWS,
-        ROW_SS=row_parts if split_k == 1 else 0,
+        GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma,
+        SWAP=block_m == WIDE_ROWS, ROW_SS=row_parts if split_k == 1 else 0,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if not reduce:
@@ -389,15 +396,18 @@ def _launch(
             res_out, scaled = add_norm.residual.reshape(m, n).contiguous(), torch.empty_like(out)
             ss_out = torch.empty((col_blocks, m), dtype=torch.float32, device=x.device)
         _split_k_reduce_kernel[(m, col_blocks)](
-            part, bias if has_bias else weight, out, ss if norm is not None else row_ss, m, n, k, eps,
-            res_out if finish else out, add_norm.weight if finish else out, scaled if finish else out,
-            ss_out if finish else out,
+            part, bias if has_bias else weight, out, ss if norm is not None else row_ss, m, n, k,
+            eps, res_out if finish else out, add_norm.weight if finish else out,
+            scaled if finish else out, ss_out if finish else out,
             SPLIT_K=split_k, HAS_BIAS=has_bias, SS_PARTS=split_k if norm is not None else row_parts,
             ADD_NORM=finish, BLOCK=block, **pdl,
         )
         if finish:
             shape = (*x.shape[:-1], n)
-            return DeferredNorm(out.view(shape), scaled.view(shape), ss_out, add_norm.weight, add_norm.eps), None
+            result = DeferredNorm(
+                out.view(shape), scaled.view(shape), ss_out, add_norm.weight, add_norm.eps
+            )
+            return result, None
     return out.view(*x.shape[:-1], n), summed.view(x.shape) if summed is not None else None
 
 
@@ -414,7 +424,8 @@ def linear(
         if res is not None:
             return res[0]
         x = normed(x, rms_norm)
-    res = _launch(x, weight, bias, config, gated=False, add_norm=add_norm) if supported(x, weight, bias) else None
+    ok = supported(x, weight, bias)
+    res = _launch(x, weight, bias, config, gated=False, add_norm=add_norm) if ok else None
     return native_linear(x, weight, bias) if res is None else res[0]
 
 
@@ -423,7 +434,8 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     what ``linear`` returns bit for bit (S = 1 where the product is not split along K): the
     split-K reduce left to the kernel that reads the product, one launch fewer. The MoE
     router's logits go this way into the top-k kernel (``moe_topk.route``)."""
-    res = _launch(x, weight, None, None, gated=False, reduce=False) if supported(x, weight, None) else None
+    ok = supported(x, weight, None)
+    res = _launch(x, weight, None, None, gated=False, reduce=False) if ok else None
     return native_linear(x, weight)[None] if res is None else res[0]
 
 
@@ -434,7 +446,8 @@ def silu_and_mul_linear(
     """``linear(silu_and_mul(x), weight, bias)``, x [..., 2K] (gate | up) and weight [N, K]:
     one kernel for one row where the table has a config (the same bits as the two), else
     the two ops (``add_norm`` as ``linear``'s)."""
-    res = _launch(x, weight, bias, config, gated=True) if supported(x, weight, bias, gated=True) else None
+    ok = supported(x, weight, bias, gated=True)
+    res = _launch(x, weight, bias, config, gated=True) if ok else None
     if res is not None:
         return res[0]
     return linear(silu_and_mul(x), weight, bias, config=config, add_norm=add_norm)
@@ -461,7 +474,8 @@ def rms_norm_linear(
         and norm_weight.is_contiguous()
         and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype))
     )
-    res = _launch(x, weight, bias, config, gated=False, norm=(residual, norm_weight, eps)) if ok else None
+    res = _launch(x, weight, bias, config, gated=False,
+                  norm=(residual, norm_weight, eps)) if ok else None
     if res is not None:
         out, summed = res
         return out, summed if summed is not None else x

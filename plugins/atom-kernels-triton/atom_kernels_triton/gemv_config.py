@@ -97,7 +97,8 @@ def default_config(m: int, n: int, k: int, elem_size: int, num_sms: int = H200_S
     while programs * split_k < target and split_k < 8 and _cdiv(k, block_k) >= 4 * split_k:
         split_k *= 2
     return GemvConfig(
-        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=2 if m == 1 else 3
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4,
+        num_stages=2 if m == 1 else 3
     )
 
 

@@ -161,7 +161,8 @@ def _block_h(config: MLADecodeConfig, num_heads: int) -> int:
 def mla_num_splits(num_seqs: int, num_heads: int, num_sms: int, config: MLADecodeConfig) -> int:
     """KV splits for a batch of ``num_seqs``: about two waves of programs (a function of
     the batch shape only, so a captured graph and an eager step split alike)."""
-    return num_kv_splits(num_seqs, triton.cdiv(num_heads, _block_h(config, num_heads)), num_sms, waves=2)
+    return num_kv_splits(num_seqs, triton.cdiv(num_heads, _block_h(config, num_heads)), num_sms,
+                         waves=2)
 
 
 def mla_decode_attention(
@@ -180,7 +181,9 @@ def mla_decode_attention(
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[2]
     if kv_cache.shape[2] != rank + rope:
-        raise ValueError(f"cache rows hold {kv_cache.shape[2]} values, not rank {rank} + rope {rope}")
+        raise ValueError(
+            f"cache rows hold {kv_cache.shape[2]} values, not rank {rank} + rope {rope}"
+        )
     if kv_cache.stride(2) != 1 or q_latent.stride(2) != 1 or q_pe.stride(2) != 1:
         raise ValueError("the latent dimension of q_latent, q_pe and kv_cache must be contiguous")
     if out is None:
@@ -191,8 +194,10 @@ def mla_decode_attention(
     block_h = _block_h(cfg, num_heads)
     precision = "ieee" if q_latent.dtype == torch.float32 else "tf32"
     if num_splits > 1:
-        po = torch.empty((num_seqs, num_heads, num_splits, rank), dtype=torch.float32, device=out.device)
-        plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=out.device)
+        po = torch.empty((num_seqs, num_heads, num_splits, rank), dtype=torch.float32,
+                         device=out.device)
+        plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32,
+                           device=out.device)
     else:
         po = plse = out  # unused
     grid = (num_seqs, triton.cdiv(num_heads, block_h), num_splits)
@@ -204,7 +209,8 @@ def mla_decode_attention(
         out, out.stride(0), out.stride(1), po, plse,
         scale, num_heads, kv_cache.shape[1],
         RANK=rank, ROPE=rope, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-        BLOCK_L=triton.next_power_of_2(max(rank, 16)), BLOCK_R=triton.next_power_of_2(max(rope, 16)),
+        BLOCK_L=triton.next_power_of_2(max(rank, 16)),
+        BLOCK_R=triton.next_power_of_2(max(rope, 16)),
         PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_options(out.device),
     )
@@ -220,7 +226,8 @@ def mla_decode_attention(
 
 @triton.jit
 def _write_latent_kernel(kvc_ptr, kvc_stride, kpe_ptr, kpe_stride, cache_ptr, slot_ptr,
-                         RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+                         RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
     pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -253,5 +260,6 @@ def write_latent_cache(
         k_pe = k_pe.contiguous()
     _write_latent_kernel[(num_tokens,)](
         kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), kv_cache, slot_mapping,
-        RANK=rank, ROPE=rope, BLOCK=triton.next_power_of_2(rank + rope), **pdl_options(kv_cache.device),
+        RANK=rank, ROPE=rope, BLOCK=triton.next_power_of_2(rank + rope),
+        **pdl_options(kv_cache.device),
     )

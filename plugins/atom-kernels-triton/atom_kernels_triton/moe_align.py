@@ -58,7 +58,8 @@ def align_by_expert(
     if 0 < num_pairs <= SMALL_PAIRS and num_experts <= SMALL_EXPERTS:
         ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
         return _align_small(
-            ids, num_pairs, routed_k + num_shared, num_experts, num_shared, block_m, capacity, block_counts
+            ids, num_pairs, routed_k + num_shared, num_experts, num_shared, block_m, capacity,
+            block_counts
         )
     if block_counts is not None:
         block_counts.zero_()
@@ -79,7 +80,8 @@ def _align_torch(
     sorted_eid = eid[order]
     starts = torch.cumsum(counts, 0) - counts
     padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts:].zero_()  # in place: a scalar assignment copies from the host (not capturable)
+    # In place: a scalar assignment copies from the host (not capturable).
+    padded[num_experts:].zero_()
     padded_ends = torch.cumsum(padded, 0)
     padded_starts = padded_ends - padded
     rank = torch.arange(num_pairs, device=device) - starts[sorted_eid]
@@ -105,9 +107,9 @@ SMALL_EXPERTS = 512
 
 @triton.jit
 def _align_small_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, counts_ptr, num_pairs, top_k, routed_k, num_experts, num_shared,
-    capacity, BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr, SEG_BLOCKS: tl.constexpr,
-    FILL: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr,
+    ids_ptr, sorted_ptr, block_expert_ptr, counts_ptr, num_pairs, top_k, routed_k, num_experts,
+    num_shared, capacity, BLOCK_M: tl.constexpr, P_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    SEG_BLOCKS: tl.constexpr, FILL: tl.constexpr, COUNTS: tl.constexpr, PDL: tl.constexpr,
 ):
     # Program e < E lays out expert e's segment; program E fills the rows and blocks past
     # the last segment. Every program counts all experts (a histogram of the ids) to know
@@ -116,7 +118,8 @@ def _align_small_kernel(
     pdl_wait(PDL)
     e = tl.program_id(0)
     pairs = tl.arange(0, P_PAD)
-    ids = pair_expert(ids_ptr, pairs, pairs < num_pairs, top_k, routed_k, num_experts - num_shared).to(tl.int32)
+    ids = pair_expert(ids_ptr, pairs, pairs < num_pairs, top_k, routed_k,
+                      num_experts - num_shared).to(tl.int32)
     # Out-of-range ids (and the padding past num_pairs) match no expert: they get no row.
     in_range = (ids >= 0) & (ids < num_experts)
     ids = tl.where(in_range, ids, E_PAD)
@@ -136,24 +139,28 @@ def _align_small_kernel(
         pad = start + count + tl.arange(0, BLOCK_M)
         tl.store(sorted_ptr + pad, tl.full([BLOCK_M], 0, tl.int32) + num_pairs, mask=pad < end)
         blocks = start // BLOCK_M + tl.arange(0, SEG_BLOCKS)
-        tl.store(block_expert_ptr + blocks, tl.full([SEG_BLOCKS], 0, tl.int32) + e, mask=blocks < end // BLOCK_M)
+        tl.store(block_expert_ptr + blocks, tl.full([SEG_BLOCKS], 0, tl.int32) + e,
+                 mask=blocks < end // BLOCK_M)
     else:
         total = tl.sum(padded, axis=0)
         for r0 in range(total, capacity, FILL):
             rows = r0 + tl.arange(0, FILL)
-            tl.store(sorted_ptr + rows, tl.full([FILL], 0, tl.int32) + num_pairs, mask=rows < capacity)
+            tl.store(sorted_ptr + rows, tl.full([FILL], 0, tl.int32) + num_pairs,
+                     mask=rows < capacity)
         for b0 in range(total // BLOCK_M, capacity // BLOCK_M, FILL):
             blocks = b0 + tl.arange(0, FILL)
-            tl.store(block_expert_ptr + blocks, tl.full([FILL], -1, tl.int32), mask=blocks < capacity // BLOCK_M)
+            tl.store(block_expert_ptr + blocks, tl.full([FILL], -1, tl.int32),
+                     mask=blocks < capacity // BLOCK_M)
         if COUNTS:
             for b0 in range(0, capacity // BLOCK_M, FILL):
                 blocks = b0 + tl.arange(0, FILL)
-                tl.store(counts_ptr + blocks, tl.full([FILL], 0, tl.int32), mask=blocks < capacity // BLOCK_M)
+                tl.store(counts_ptr + blocks, tl.full([FILL], 0, tl.int32),
+                         mask=blocks < capacity // BLOCK_M)
 
 
 def _align_small(
-    ids: torch.Tensor, num_pairs: int, top_k: int, num_experts: int, num_shared: int, block_m: int, capacity: int,
-    block_counts: torch.Tensor | None = None,
+    ids: torch.Tensor, num_pairs: int, top_k: int, num_experts: int, num_shared: int, block_m: int,
+    capacity: int, block_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)

@@ -23,9 +23,10 @@ from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 @triton.jit
 def _moe_topk_kernel(
-    logits_ptr, logits_stride, split_stride, bias_ptr, weights_ptr, ids_ptr, num_experts, group_size, scale,
-    ss_ptr, num_tokens, hidden, eps,
-    SPLITS: tl.constexpr, ROW_SS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
+    logits_ptr, logits_stride, split_stride, bias_ptr, weights_ptr, ids_ptr, num_experts,
+    group_size, scale, ss_ptr, num_tokens, hidden, eps,
+    SPLITS: tl.constexpr, ROW_SS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, SIGMOID: tl.constexpr,
     HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, NUM_GROUPS: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
     PDL: tl.constexpr,
@@ -36,9 +37,11 @@ def _moe_topk_kernel(
     valid = offs < num_experts
     # The logits come as SPLITS partial sums (the router GEMV's split-K), added here in the
     # order its reduce kernel would add them: the same logits, bit for bit, one launch fewer.
-    x = tl.load(logits_ptr + row * logits_stride + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    x = tl.load(logits_ptr + row * logits_stride + offs, mask=valid,
+                other=float("-inf")).to(tl.float32)
     for s in tl.static_range(1, SPLITS):
-        x += tl.load(logits_ptr + s * split_stride + row * logits_stride + offs, mask=valid, other=0.0)
+        x += tl.load(logits_ptr + s * split_stride + row * logits_stride + offs, mask=valid,
+                     other=0.0)
     if ROW_SS > 0:  # the router read a DeferredNorm's h * weight: its logits still want 1/rms(h)
         ss = 0.0
         for s in tl.static_range(ROW_SS):
@@ -122,8 +125,10 @@ def select_experts(
         partials, partials.stride(1), partials.stride(0), bias if bias is not None else partials,
         weights, ids, num_experts, num_experts // num_groups, float(routed_scaling_factor),
         deferred.sumsq if deferred is not None else partials, num_tokens,
-        deferred.summed.shape[-1] if deferred is not None else 1, deferred.eps if deferred is not None else 0.0,
-        SPLITS=splits, ROW_SS=deferred.sumsq.shape[0] if deferred is not None else 0, TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
+        deferred.summed.shape[-1] if deferred is not None else 1,
+        deferred.eps if deferred is not None else 0.0,
+        SPLITS=splits, ROW_SS=deferred.sumsq.shape[0] if deferred is not None else 0, TOP_K=top_k,
+        BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k),
         SIGMOID=scoring_func == "sigmoid", HAS_BIAS=bias is not None, RENORMALIZE=renormalize,
         NUM_GROUPS=num_groups, TOPK_GROUP=min(topk_group or 1, num_groups),
         # One warp holds a row of up to 256 experts in 8 registers a lane; its reductions
@@ -149,6 +154,7 @@ def route(
     ``DeferredNorm`` x's 1/rms is applied there too."""
     deferred = x if isinstance(x, DeferredNorm) else None
     return select_experts(
-        linear_partials(x.scaled if deferred is not None else x, gate_weight), top_k, scoring_func, renormalize,
+        linear_partials(x.scaled if deferred is not None else x, gate_weight), top_k, scoring_func,
+        renormalize,
         num_expert_group, topk_group, e_score_correction_bias, routed_scaling_factor, deferred,
     )

@@ -26,7 +26,8 @@ _cache: dict[tuple, int] = {}
 
 def sm_limits(capability: tuple[int, int]) -> tuple[int, int]:
     """(warps, blocks) one SM holds at once, which the driver's properties do not list: sm80,
-    sm90 and sm100 hold 64 warps and 32 blocks; the others 48 and 16 (sm89 24: 16 is the safe side)."""
+    sm90 and sm100 hold 64 warps and 32 blocks; the others 48 and 16 (sm89 24: 16 is the safe
+    side)."""
     return (64, 32) if capability in ((8, 0), (9, 0), (10, 0)) else (48, 16)
 
 
@@ -46,7 +47,8 @@ def _interpreted() -> bool:
 
 
 def programs_per_sm(
-    n_regs: int, shared: int, num_warps: int, regs_per_sm: int, smem_per_sm: int, capability: tuple[int, int] = (9, 0)
+    n_regs: int, shared: int, num_warps: int, regs_per_sm: int, smem_per_sm: int,
+    capability: tuple[int, int] = (9, 0)
 ) -> int:
     """Blocks of one kernel an SM holds at once (at least 1: a kernel that compiled fits once)."""
     max_warps, max_blocks = sm_limits(capability)

@@ -47,10 +47,11 @@ def _rotate_heads(src, src_stride, head_stride, dst, cs_ptr, tok, heads, head_si
 
 
 @triton.jit
-def _rotary_kernel(pos_ptr, q_ptr, q_stride, q_head_stride, k_ptr, k_stride, k_head_stride, q_out, k_out,
-                   cs_ptr, cs_stride,
+def _rotary_kernel(pos_ptr, q_ptr, q_stride, q_head_stride, k_ptr, k_stride, k_head_stride, q_out,
+                   k_out, cs_ptr, cs_stride,
                    q_heads, k_heads, head_size, rot_dim, IS_NEOX: tl.constexpr,
-                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PDL: tl.constexpr):
     pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
@@ -91,7 +92,8 @@ def rotary_embedding(
     k_out = torch.empty((num_tokens, k_heads * head_size), dtype=key.dtype, device=key.device)
     if num_tokens:
         _rotary_kernel[(num_tokens,)](
-            positions, q2, q_stride, q_head_stride, k2, k_stride, k_head_stride, q_out, k_out, cos_sin_cache,
+            positions, q2, q_stride, q_head_stride, k2, k_stride, k_head_stride, q_out, k_out,
+            cos_sin_cache,
             cos_sin_cache.stride(0), q_heads, k_heads, head_size, cos_sin_cache.shape[-1],
             IS_NEOX=is_neox, BLOCK_QH=triton.next_power_of_2(q_heads),
             BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_D=triton.next_power_of_2(head_size),

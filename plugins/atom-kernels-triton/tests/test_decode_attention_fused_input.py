@@ -1,8 +1,9 @@
 """Decode attention with Qwen3's attention input fused in (``new_tokens``): the kernel norms
 and rotates q and the new k itself and stores the new K/V. It must equal, bit for bit, the
 two-launch path it replaces (``qk_norm_rope_cache_write``, then attention over the written
-cache) - on the GPU within rounding - at every split count (8 and more take the preloading branch), with padding rows,
-GQA, partial rotary and GPT-J pairing. CPU through TRITON_INTERPRET=1."""
+cache) - on the GPU within rounding - at every split count (8 and more take the preloading
+branch), with padding rows, GQA, partial rotary and GPT-J pairing. CPU through
+TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 

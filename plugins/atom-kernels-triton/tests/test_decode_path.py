@@ -62,7 +62,9 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkey
     engine.runner._setup_fast_decode()
     calls = []
     fast = engine.runner._launch_decode
-    engine.runner._launch_decode = lambda seqs, ids_from: calls.append(len(seqs)) or fast(seqs, ids_from)
+    engine.runner._launch_decode = (
+        lambda seqs, ids_from: calls.append(len(seqs)) or fast(seqs, ids_from)
+    )
     launches = []  # per decode-attention launch: (Qwen3's attention input fused in?, splits)
     attend = triton_backend.paged_decode_attention
     monkeypatch.setattr(triton_backend, "paged_decode_attention",
@@ -90,7 +92,8 @@ def test_deferred_norms_decode_matches_transformers(kind, triton_everywhere, mon
     inputs = []
     pre_norm = decoder._pre_norm
     monkeypatch.setattr(decoder, "_pre_norm", lambda norm, sub, parts, x, *a:
-                        inputs.append(isinstance(x, DeferredNorm)) or pre_norm(norm, sub, parts, x, *a))
+                        inputs.append(isinstance(x, DeferredNorm))
+                        or pre_norm(norm, sub, parts, x, *a))
     path = tiny_model_dir(kind)
     rng = random.Random(2)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (7, 23, 31)]

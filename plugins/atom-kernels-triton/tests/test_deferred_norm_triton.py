@@ -64,7 +64,9 @@ def test_split_k_reduce_finishes_the_add_and_norm(dtype, m, has_bias):
     assert isinstance(d, DeferredNorm) and d.eps == EPS and d.weight is nw
     # The reduce sums the splits as it does without add_norm; h and h * weight are then
     # rounded as fused_add_rms_norm rounds them: bit for bit.
-    ref_normed, ref_summed = native_norm.fused_add_rms_norm(linear(x, w, b, config=SPLIT), res, nw, EPS)
+    ref_normed, ref_summed = native_norm.fused_add_rms_norm(
+        linear(x, w, b, config=SPLIT), res, nw, EPS
+    )
     assert torch.equal(d.summed, ref_summed)
     assert torch.equal(d.scaled, (ref_summed.float() * nw.float()).to(dtype))
     assert d.sumsq.shape == (reduce_blocks(N), m)
@@ -87,7 +89,8 @@ def test_silu_and_mul_linear_passes_add_norm_on():
     res, nw = rand(3, N, seed=4), norm_weight(N)
     d = silu_and_mul_linear(gate_up, w, config=SPLIT, add_norm=AddNorm(res, nw, EPS))
     assert isinstance(d, DeferredNorm)
-    _, ref_summed = native_norm.fused_add_rms_norm(silu_and_mul_linear(gate_up, w, config=SPLIT), res, nw, EPS)
+    _, ref_summed = native_norm.fused_add_rms_norm(silu_and_mul_linear(gate_up, w, config=SPLIT),
+                                                   res, nw, EPS)
     assert torch.equal(d.summed, ref_summed)
 
 
@@ -128,7 +131,8 @@ def test_route_reads_a_deferred_norm(tokens, scoring):
     ref_w, ref_ids = native_route(native_norm.rms_norm(h, nw, EPS), gate, 4, scoring, True)
     order, ref_order = ids.argsort(-1), ref_ids.argsort(-1)
     assert torch.equal(ids.gather(-1, order), ref_ids.gather(-1, ref_order))
-    torch.testing.assert_close(weights.gather(-1, order), ref_w.gather(-1, ref_order), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights.gather(-1, order), ref_w.gather(-1, ref_order), rtol=1e-5,
+                               atol=1e-6)
 
 
 def moe_inputs(tokens, experts=6, top_k=2, hidden=40, inter=24, dtype=torch.float32):
@@ -154,8 +158,8 @@ def test_fused_moe_reads_a_deferred_norm(tokens):
 def test_pairs_sum_finishes_the_add_and_norm(dtype, hidden, top_k):
     tokens = 5
     w13, w2, weights, ids = moe_inputs(tokens, experts=10, top_k=top_k, hidden=hidden, dtype=dtype)
-    x, res, nw = rand(tokens, hidden, dtype=dtype, seed=1), rand(tokens, hidden, dtype=dtype, seed=2), \
-        norm_weight(hidden, dtype)
+    x, res = rand(tokens, hidden, dtype=dtype, seed=1), rand(tokens, hidden, dtype=dtype, seed=2)
+    nw = norm_weight(hidden, dtype)
     d = fused_moe(x, w13, w2, weights, ids, config=TINY_MOE, add_norm=AddNorm(res, nw, EPS))
     assert isinstance(d, DeferredNorm)
     plain = fused_moe(x, w13, w2, weights, ids, config=TINY_MOE)
@@ -184,7 +188,8 @@ def test_producers_decline_where_the_reader_norms_for_cublas(monkeypatch):
     # not leave a DeferredNorm for it. A reader of no linear op (None) always takes one.
     x, w = rand(4, K, seed=1), rand(N, K, seed=2)
     res, nw, reader = rand(4, N, seed=4), norm_weight(N), rand(64, N, seed=5)
-    assert isinstance(linear(x, w, config=SPLIT, add_norm=AddNorm(res, nw, EPS, reader)), DeferredNorm)
+    assert isinstance(linear(x, w, config=SPLIT, add_norm=AddNorm(res, nw, EPS, reader)),
+                      DeferredNorm)
     table = gemv.get_config
     monkeypatch.setattr(gemv, "get_config", lambda m, n, *a: None if n == 64 else table(m, n, *a))
     out = linear(x, w, config=SPLIT, add_norm=AddNorm(res, nw, EPS, reader))

@@ -162,7 +162,8 @@ def test_a_prefill_entry_never_serves_a_decode_batch():
 
 @pytest.mark.parametrize(
     "tokens,top_k,experts,block_m",
-    [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1), (64, 8, 128, 64), (100, 5, 160, 32),
+    [(1, 8, 128, 16), (5, 3, 5, 4), (32, 8, 128, 16), (64, 8, 66, 16), (9, 6, 64, 1),
+     (64, 8, 128, 64), (100, 5, 160, 32),
      (256, 8, 128, 16)],
 )
 @pytest.mark.parametrize("shared", [0, 2])
@@ -176,10 +177,12 @@ def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, share
 
     g = torch.Generator().manual_seed(tokens * 100 + experts)
     ids = torch.randint(-1, experts + 2, (tokens, top_k), generator=g)
-    full = with_shared_experts(torch.ones(tokens, top_k), ids, experts, shared)[1] if shared else ids
+    full = with_shared_experts(torch.ones(tokens, top_k), ids, experts,
+                               shared)[1] if shared else ids
     flat = full.reshape(-1)
     capacity = aligned_capacity(flat.numel(), experts, block_m)
-    small = moe_align._align_small(ids, flat.numel(), top_k + shared, experts, shared, block_m, capacity)
+    small = moe_align._align_small(ids, flat.numel(), top_k + shared, experts, shared, block_m,
+                                   capacity)
     ref = moe_align._align_torch(flat, experts, block_m, capacity)
     assert torch.equal(small[0], ref[0]) and torch.equal(small[1], ref[1])
     # The op takes one or the other by size (256 x 8 pairs and 2 shared slots a token: torch).
@@ -199,7 +202,9 @@ def test_shared_experts_are_implicit_slots(dtype, tokens):
     got = fused_moe(x, w13, w2, weights, ids, num_shared_experts=2, config=TINY)
     full_weights, full_ids = with_shared_experts(weights, ids, 8, 2)
     assert rel_err(got, native_fused_moe(x, w13, w2, full_weights, full_ids)) < tolerance(dtype)
-    assert rel_err(got, native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=2)) < tolerance(dtype)
+    assert rel_err(got,
+                   native_fused_moe(x, w13, w2, weights, ids,
+                                    num_shared_experts=2)) < tolerance(dtype)
     assert torch.equal(got, fused_moe(x, w13, w2, full_weights, full_ids, config=TINY))
 
 
@@ -220,7 +225,9 @@ def test_counted_launches_equal_two_launches(dtype, tokens, top_k, shared, varia
     two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=TINY)
     one = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=variant)
     assert torch.equal(one, two)
-    assert rel_err(one, native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)) < tolerance(dtype)
+    assert rel_err(one,
+                   native_fused_moe(x, w13, w2, weights, ids,
+                                    num_shared_experts=shared)) < tolerance(dtype)
 
 
 @pytest.mark.parametrize("variant", [PERSISTENT, OVERLAP], ids=["persistent", "overlap"])

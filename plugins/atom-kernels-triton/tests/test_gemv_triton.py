@@ -226,7 +226,8 @@ def test_fp32_weight_promotes_a_half_precision_x(m, x_dtype):
 def test_default_config_fills_the_gpu():
     sms = 132
     # (N, K): Qwen3-0.6B qkv, o_proj, gate_up, down; Qwen3-8B o_proj; the 0.6B LM head.
-    for n, k in [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (4096, 4096), (151936, 1024)]:
+    for n, k in [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (4096, 4096),
+                 (151936, 1024)]:
         for m in (1, 2, 16):
             c = default_config(m, n, k, 2, sms)
             programs = -(-n // c["BLOCK_N"]) * c["SPLIT_K"]
@@ -251,7 +252,8 @@ def test_fma_config_for_fp32_weights_on_several_rows():
     for m in (2, 3, 8, 16, 17, 64, 128):
         for n, k in [(64, 2048), (128, 2048), (160, 5120), (151936, 1024), (70, 200)]:
             c = default_config(m, n, k, 4, sms)
-            assert min(16, 1 << (m - 1).bit_length()) * c["BLOCK_N"] * c["BLOCK_K"] <= 128 * 128, (m, n, k, c)
+            rows = min(16, 1 << (m - 1).bit_length())
+            assert rows * c["BLOCK_N"] * c["BLOCK_K"] <= 128 * 128, (m, n, k, c)
             assert -(-k // c["BLOCK_K"]) >= 2 * c["SPLIT_K"] or c["SPLIT_K"] == 1
 
 
@@ -291,13 +293,15 @@ def test_shipped_table_is_well_formed(device):
             # tl.dot (the path for 2+ rows) needs BLOCK_N >= 16; tiles are powers of two. A
             # split count need not be (3 x 1024 spans a 3072-wide K whole). The 32-row tiles
             # (gemv_config.WIDE_ROWS) were checked in the model.
-            widths = {1: (4, 8, 16, 32, 64), gemv_config.WIDE_ROWS: (32, 64, 128)}.get(m, (16, 32, 64))
+            widths = {1: (4, 8, 16, 32, 64), gemv_config.WIDE_ROWS: (32, 64, 128)}
+            widths = widths.get(m, (16, 32, 64))
             assert c["BLOCK_N"] in widths, (n, k, m, c)
             in_model = tuning.in_model(gemv_config.OP, device)
             assert m != gemv_config.WIDE_ROWS or (n, k, m) in in_model
             assert c["BLOCK_K"] & (c["BLOCK_K"] - 1) == 0 and 1 <= c["SPLIT_K"] <= 8, (n, k, m, c)
             # No split starts past K (the launch would drop it: the entry would not be what runs).
-            assert (c["SPLIT_K"] - 1) * -(-k // (c["SPLIT_K"] * c["BLOCK_K"])) * c["BLOCK_K"] < k, (n, k, m, c)
+            last_start = (c["SPLIT_K"] - 1) * -(-k // (c["SPLIT_K"] * c["BLOCK_K"])) * c["BLOCK_K"]
+            assert last_start < k, (n, k, m, c)
 
 
 def test_whole_k_entries_cover_each_split_in_one_tile():

@@ -34,7 +34,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def skip_bf16_on_cpu(dtype: torch.dtype) -> None:
     if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("the interpreter's tl.dot reads bf16 operands as raw bits; tests/gpu covers bf16")
+        pytest.skip(
+            "the interpreter's tl.dot reads bf16 operands as raw bits; tests/gpu covers bf16"
+        )
 
 
 # --- the kernel ---------------------------------------------------------------------------
@@ -73,7 +75,8 @@ def reference_decode(q_latent, q_pe, cache, tables, seq_lens, scale):
         if n == 0:
             continue
         pos = torch.arange(n, device=cache.device)
-        rows = cache[tables[s].long()[pos // block_size], pos % block_size].double()  # [n, rank + rope]
+        rows = cache[tables[s].long()[pos // block_size],
+                     pos % block_size].double()  # [n, rank + rope]
         query = torch.cat((q_latent[s], q_pe[s]), -1).double()  # [H, rank + rope]
         probs = (query @ rows.T * scale).softmax(-1)
         out[s] = probs @ rows[:, :rank]
@@ -155,19 +158,22 @@ class Batch:
     """Sequences with ``cached[i]`` latents already in a NaN-filled cache, computing
     ``new[i]`` tokens in one batch: the inputs of MLABackend.forward."""
 
-    def __init__(self, cached, new, block_size, dtype=torch.float32, seed=0, dims=DIMS, device=DEVICE):
+    def __init__(self, cached, new, block_size, dtype=torch.float32, seed=0, dims=DIMS,
+                 device=DEVICE):
         heads, nope, rope, v, rank = self.dims = dims
         g = torch.Generator().manual_seed(seed)
         num_blocks = sum(-(-(c + n) // block_size) for c, n in zip(cached, new)) + 2
         kv = PagedKV(num_blocks=num_blocks, block_size=block_size, seed=seed)
         ids = [kv.add_sequence() for _ in cached]
-        self.cache = torch.full((num_blocks, block_size, rank + rope), float("nan"), dtype=dtype, device=device)
+        self.cache = torch.full((num_blocks, block_size, rank + rope), float("nan"), dtype=dtype,
+                                device=device)
         prefix = [(s, n) for s, n in zip(ids, cached) if n]
         if prefix:
             meta, _ = kv.step([s for s, _ in prefix], [n for _, n in prefix], device)
             total = sum(n for _, n in prefix)
             NativeMLABackend.write_cache(
-                torch.randn(total, rank, generator=g).to(device), torch.randn(total, rope, generator=g).to(device),
+                torch.randn(total, rank, generator=g).to(device),
+                torch.randn(total, rope, generator=g).to(device),
                 self.cache, meta.slot_mapping,
             )
         self.meta, _ = kv.step(ids, new, device)
@@ -251,7 +257,8 @@ def test_backend_padding_row_writes_nothing_and_is_zero():
     q_nope, q_pe, kv_c, k_pe, w = batch.inputs
     batch.inputs = (
         torch.cat((q_nope, q_nope[:1])), torch.cat((q_pe, q_pe[:1])),
-        torch.cat((kv_c, torch.randn_like(kv_c[:1]))), torch.cat((k_pe, torch.randn_like(k_pe[:1]))), w,
+        torch.cat((kv_c, torch.randn_like(kv_c[:1]))),
+        torch.cat((k_pe, torch.randn_like(k_pe[:1]))), w,
     )
     out, cache = batch.run(TritonMLABackend, padded)
     assert torch.equal(out[2], torch.zeros_like(out[2]))

@@ -31,7 +31,8 @@ def case(dtype, q_heads=4, kv_heads=2, head=32, rot_dim=32, tokens=5, blocks=6, 
     cos_sin = rand(64, rot_dim, seed=3)
     pos = torch.tensor([0, 7, 3, 63, 12, 5, 9][:tokens], device=DEVICE)
     slots = torch.tensor([3, 17, -1, 0, 22, -1, 8][:tokens], device=DEVICE)
-    cache = torch.full((2, blocks, block_size, kv_heads, head), float("nan"), dtype=dtype, device=DEVICE)
+    cache = torch.full((2, blocks, block_size, kv_heads, head), float("nan"), dtype=dtype,
+                       device=DEVICE)
     return q, k, v, qw, kw, pos, cos_sin, cache, slots
 
 
@@ -74,5 +75,6 @@ def test_triton_all_padding_and_empty():
     q, k, v, qw, kw, pos, cos_sin, cache, slots = case(torch.float32)
     triton_fused(q, k, v, qw, kw, 1e-6, pos, cos_sin, cache, torch.full_like(slots, -1))
     assert cache.isnan().all()
-    got_q, got_k = triton_fused(q[:0], k[:0], v[:0], qw, kw, 1e-6, pos[:0], cos_sin, cache, slots[:0])
+    got_q, got_k = triton_fused(q[:0], k[:0], v[:0], qw, kw, 1e-6, pos[:0], cos_sin, cache,
+                                slots[:0])
     assert got_q.shape == (0, q.shape[1]) and got_k.shape == (0, k.shape[1])

@@ -24,7 +24,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0):
-    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype, DEVICE, seed)
+    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
+                              DEVICE, seed)
     g = torch.Generator().manual_seed(seed + 1)
     t = sum(query_lens)
     q = torch.randn(t, heads * head_dim, generator=g).to(dtype).to(DEVICE)
@@ -81,10 +82,11 @@ def decode_reference(q, cache, block_tables, seq_lens, query_start_loc, scale):
     return out
 
 
-def decode_inputs(context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0, device=DEVICE):
+def decode_inputs(context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0,
+                  device=DEVICE):
     """(q, cache filled everywhere, metadata) for one decode row per sequence."""
-    meta, cache = paged_batch([1] * len(context_lens), [max(n, 1) for n in context_lens], block_size,
-                              kv_heads, head_dim, dtype, device, seed)
+    meta, cache = paged_batch([1] * len(context_lens), [max(n, 1) for n in context_lens],
+                              block_size, kv_heads, head_dim, dtype, device, seed)
     g = torch.Generator().manual_seed(seed + 1)
     cache = torch.randn(cache.shape, generator=g).to(dtype).to(device)
     meta.seq_lens.copy_(torch.tensor(context_lens, dtype=torch.int32))  # 0: a graph's padding row
@@ -124,7 +126,8 @@ def test_decode_kernel_back_to_back_calls(num_splits):
     q, cache, meta = decode_inputs([70, 9, 130], 8, 2, 32, 16, torch.float16, seed=1)
     check_decode(q, cache, meta, num_splits)
     q2, cache2, meta2 = decode_inputs([3, 0, 200, 64], 8, 2, 32, 16, torch.float16, seed=2)
-    check_decode(q2, cache2, meta2, num_splits, seq_idx=torch.tensor([2, 1, 0], dtype=torch.int32, device=DEVICE))
+    check_decode(q2, cache2, meta2, num_splits,
+                 seq_idx=torch.tensor([2, 1, 0], dtype=torch.int32, device=DEVICE))
     check_decode(q, cache, meta, num_splits)
 
 
@@ -160,7 +163,9 @@ def test_mixed_batch():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_head_dim_64(dtype):
     if dtype == torch.bfloat16 and DEVICE == "cpu":
-        pytest.skip("the interpreter's tl.dot reads bf16 operands as raw bits; tests/gpu covers bf16")
+        pytest.skip(
+            "the interpreter's tl.dot reads bf16 operands as raw bits; tests/gpu covers bf16"
+        )
     run_case([1, 9], [50, 9], 4, 1, 64, 16, dtype)
 
 
@@ -168,10 +173,12 @@ def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size
                  select=None, seed=0, device=DEVICE):
     """paged_prefill_attention alone (q_len 1 rows included) over the sequences in
     ``select`` (all by default) vs the native backend; other rows stay untouched."""
-    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype, device, seed)
+    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
+                              device, seed)
     g = torch.Generator().manual_seed(seed + 1)
     t = sum(query_lens)
-    q, k, v = (torch.randn(t, n * head_dim, generator=g).to(dtype).to(device) for n in (heads, kv_heads, kv_heads))
+    q, k, v = (torch.randn(t, n * head_dim, generator=g).to(dtype).to(device)
+               for n in (heads, kv_heads, kv_heads))
     ref, ref_cache = native_attention(q, k, v, cache, meta, heads, kv_heads, head_dim)
     q3 = q.view(t, heads, head_dim)
     out = torch.full_like(q3, float("nan"))

@@ -42,7 +42,8 @@ def test_rms_norm_strided_rows(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_add_rms_norm(dtype):
-    x, r, w = rand(6, 96, dtype=dtype), rand(6, 96, dtype=dtype, seed=1), rand(96, dtype=dtype, seed=2)
+    x, r = rand(6, 96, dtype=dtype), rand(6, 96, dtype=dtype, seed=1)
+    w = rand(96, dtype=dtype, seed=2)
     out, summed = norm.fused_add_rms_norm(x, r, w, 1e-5)
     ref_out, ref_sum = native_norm.fused_add_rms_norm(x, r, w, 1e-5)
     # The interpreter rounds fp32 -> bf16 by truncation, the GPU to nearest (tests/gpu

@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-
 from atom_kernels_triton import fused_moe_config, gemv_config, tuning
 
 H200 = "NVIDIA H200"

@@ -50,7 +50,8 @@ def routed(tokens, experts, top_k, seed=1):
 def inputs(shape, tokens, dtype, seed=1):
     experts, top_k, hidden, inter = SHAPES[shape]
     w13, w2 = expert_weights(experts, hidden, inter, dtype)
-    x = torch.randn(tokens, hidden, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+    x = torch.randn(tokens, hidden, device="cuda",
+                    generator=torch.Generator(device="cuda").manual_seed(seed))
     weights, ids = routed(tokens, experts, top_k, seed)
     return x.to(dtype), w13, w2, weights, ids
 
@@ -160,7 +161,8 @@ def test_shared_experts_as_implicit_slots(dtype, tokens):
 
     experts, top_k, hidden, inter = 66, 6, 2048, 1408
     w13, w2 = expert_weights(experts, hidden, inter, dtype)
-    x = torch.randn(tokens, hidden, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    x = torch.randn(tokens, hidden, device="cuda",
+                    generator=torch.Generator(device="cuda").manual_seed(1))
     x = x.to(dtype)
     weights, ids = routed(tokens, 64, top_k)
     got = fused_moe(x, w13, w2, weights, ids, num_shared_experts=2)
@@ -177,7 +179,8 @@ def counted_inputs(shape, tokens, shared):
     x, w13, w2, weights, ids = inputs(shape, tokens, torch.bfloat16)
     if shared:
         w13, w2 = expert_weights(w13.shape[0] + shared, x.shape[1], w2.shape[2], torch.bfloat16)
-    return x, w13, w2, weights, ids, get_config(tokens, ids.shape[1] + shared, w13.shape[0], x.shape[1], w2.shape[2])
+    return x, w13, w2, weights, ids, get_config(tokens, ids.shape[1] + shared, w13.shape[0],
+                                                x.shape[1], w2.shape[2])
 
 
 @pytest.mark.parametrize("per_sm", [1, 3, 64])  # 64: capped by the occupancy
@@ -192,7 +195,8 @@ def test_persistent_launch_equals_two_launches(per_sm, tokens, shape, shared):
     two = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=plain)
     config = MoeConfig({**base, "PERSISTENT": per_sm})
     for _ in range(20):
-        assert torch.equal(fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config), two)
+        assert torch.equal(fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared,
+                                     config=config), two)
 
 
 @pytest.mark.parametrize("tokens", [16, 32, 64])  # at 2-4 tokens the grid fits: no overlap
@@ -206,16 +210,19 @@ def test_overlapped_down_launch_equals_two_launches(monkeypatch, tokens, shape, 
 
     x, w13, w2, weights, ids, base = counted_inputs(shape, tokens, shared)
     ids[0, 0] = -1
-    plain = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=MoeConfig({**base, "OVERLAP": False}))
+    plain = fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared,
+                      config=MoeConfig({**base, "OVERLAP": False}))
     seen = _down_launches(monkeypatch)
     config = MoeConfig({**base, "OVERLAP": True})
-    outs = [fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config) for _ in range(20)]
+    outs = [fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared,
+                      config=config) for _ in range(20)]
     assert seen == [(tokens, True)] * 20  # these grids are past twice the resident programs
     for out in outs:
         assert torch.equal(out, plain)
 
 
-@pytest.mark.parametrize("variant", [("PERSISTENT", 4), ("OVERLAP", True)], ids=["persistent", "overlap"])
+@pytest.mark.parametrize("variant", [("PERSISTENT", 4), ("OVERLAP", True)],
+                         ids=["persistent", "overlap"])
 @pytest.mark.parametrize("shape,shared", [("qwen3-30b-a3b", 0), ("deepseek-v2-lite", 2)])
 def test_counted_launches_in_a_graph(variant, shape, shared):
     """Two layers' worth, the second reading the first's output, replayed with new routing
@@ -223,7 +230,8 @@ def test_counted_launches_in_a_graph(variant, shape, shared):
     one before's."""
     x, w13, w2, weights, ids, base = counted_inputs(shape, 32, shared)
     key, on = variant
-    config, plain = MoeConfig({**base, key: on}), MoeConfig({**base, "PERSISTENT": 0, "OVERLAP": False})
+    config = MoeConfig({**base, key: on})
+    plain = MoeConfig({**base, "PERSISTENT": 0, "OVERLAP": False})
     fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared, config=config)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -263,7 +271,8 @@ def test_overlap_keeps_the_models_greedy_tokens(tmp_path, monkeypatch, name):
     cfg["num_hidden_layers"] = 2
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     rng = random.Random(0)
-    prompts = [[rng.randrange(cfg["vocab_size"]) for _ in range(rng.randrange(20, 200))] for _ in range(32)]
+    prompts = [[rng.randrange(cfg["vocab_size"]) for _ in range(rng.randrange(20, 200))]
+               for _ in range(32)]
     shape = (cfg["hidden_size"], cfg["moe_intermediate_size"])
 
     def greedy(overlap: bool) -> list[list[int]]:

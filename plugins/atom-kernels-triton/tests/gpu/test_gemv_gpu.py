@@ -47,8 +47,8 @@ SHAPES = {
 }
 DOWN_SHAPES = ["qwen3-0.6b.down", "qwen3-8b.down", "deepseek-v2-lite.mlp.down"]
 # The shapes with a 32-row tile in the table (gemv_config.WIDE_ROWS).
-WIDE_SHAPES = ["qwen3-8b.qkv", "qwen3-8b.o", "qwen3-8b.gate_up", "qwen3-8b.down", "qwen3-30b-a3b.qkv",
-               "qwen3-30b-a3b.o"]
+WIDE_SHAPES = ["qwen3-8b.qkv", "qwen3-8b.o", "qwen3-8b.gate_up", "qwen3-8b.down",
+               "qwen3-30b-a3b.qkv", "qwen3-30b-a3b.o"]
 _weights: dict = {}
 
 

@@ -97,11 +97,13 @@ def test_backend_decode_replays_in_a_cuda_graph():
     """Captured over padding rows (slot -1, context 0), as the runner captures; replayed
     after the real batch is copied into the same tensors: equal to native, eager."""
     dims = (16, 128, ROPE, 128, RANK)
-    batch = Batch([3, 900, 17, 4000], [1, 1, 1, 1], 16, dtype=torch.bfloat16, dims=dims, device="cuda")
+    batch = Batch([3, 900, 17, 4000], [1, 1, 1, 1], 16, dtype=torch.bfloat16, dims=dims,
+                  device="cuda")
     ref, ref_cache = batch.run(NativeMLABackend)
     real = batch.meta
     meta = type(real)(
-        slot_mapping=torch.full_like(real.slot_mapping, -1), query_start_loc=real.query_start_loc.clone(),
+        slot_mapping=torch.full_like(real.slot_mapping, -1),
+        query_start_loc=real.query_start_loc.clone(),
         seq_lens=torch.zeros_like(real.seq_lens), block_tables=torch.zeros_like(real.block_tables),
         block_size=real.block_size, max_query_len=1, max_seq_len=8192,
         query_start_loc_cpu=real.query_start_loc_cpu, seq_lens_cpu=[8192] * 4,

@@ -31,7 +31,8 @@ def qkv_inputs(tokens, heads, kv_heads, head_dim, dtype, max_pos=4096, rot_dim=N
     """q, k, v as column slices of one qkv output (as Qwen3 passes them), norm weights
     near 1 (as trained ones are), positions and a real RoPE cos/sin cache."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", generator=g).to(dtype)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda",
+                      generator=g).to(dtype)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     qw = (1 + 0.1 * torch.randn(head_dim, device="cuda", generator=g)).to(dtype)
     kw = (1 + 0.1 * torch.randn(head_dim, device="cuda", generator=g)).to(dtype)
@@ -72,8 +73,10 @@ def test_matches_native_and_unfused(dtype, head_dim, group, block_size, tokens):
     heads = kv_heads * group
     q, k, v, qw, kw, pos, cos_sin = qkv_inputs(tokens, heads, kv_heads, head_dim, dtype)
     num_blocks = tokens // block_size + 4
-    slots = slots_for(tokens, num_blocks, block_size) if tokens > 1 else torch.tensor([5], device="cuda")
-    cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype, device="cuda")
+    slots = (slots_for(tokens, num_blocks, block_size) if tokens > 1
+             else torch.tensor([5], device="cuda"))
+    cache = torch.full((2, num_blocks, block_size, kv_heads, head_dim), float("nan"), dtype=dtype,
+                       device="cuda")
     ref_cache = cache.clone()
     ref_q, ref_k = native_fused(q, k, v, qw, kw, EPS, pos, cos_sin, ref_cache, slots)
     got_q, got_k = triton_fused(q, k, v, qw, kw, EPS, pos, cos_sin, cache, slots)
@@ -112,7 +115,8 @@ def test_through_triton_backend(dtype, head_dim, group, block_size):
     kv_heads = 4
     heads = kv_heads * group
     query_lens, context_lens = [1, 1, 300, 77], [900, 17, 300, 1000]
-    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype, "cuda")
+    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
+                              "cuda")
     t = sum(query_lens)
     q, k, v, qw, kw, _, cos_sin = qkv_inputs(t, heads, kv_heads, head_dim, dtype)
     pos = torch.cat([torch.arange(c - n, c) for n, c in zip(query_lens, context_lens)]).cuda()
@@ -132,7 +136,8 @@ def test_cuda_graph_replay():
     dtype, tokens, heads, kv_heads, head_dim, blocks, bs = torch.bfloat16, 64, 32, 8, 128, 16, 16
     q, k, v, qw, kw, pos, cos_sin = qkv_inputs(tokens, heads, kv_heads, head_dim, dtype, seed=1)
     slots = slots_for(tokens, blocks, bs, seed=1)
-    cache = torch.full((2, blocks, bs, kv_heads, head_dim), float("nan"), dtype=dtype, device="cuda")
+    cache = torch.full((2, blocks, bs, kv_heads, head_dim), float("nan"), dtype=dtype,
+                       device="cuda")
     triton_fused(q, k, v, qw, kw, EPS, pos, cos_sin, cache, slots)  # compile before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

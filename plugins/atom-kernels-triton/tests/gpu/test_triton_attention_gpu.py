@@ -23,14 +23,16 @@ from triton_reference import native_attention, paged_batch, rel_err, tolerance  
 
 
 def run_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype, seed=0):
-    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype, "cuda", seed)
+    meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
+                              "cuda", seed)
     t = sum(query_lens)
     torch.manual_seed(seed)
     q = torch.randn(t, heads * head_dim, device="cuda").to(dtype)
     k = torch.randn(t, kv_heads * head_dim, device="cuda").to(dtype)
     v = torch.randn(t, kv_heads * head_dim, device="cuda").to(dtype)
     ref, ref_cache = native_attention(q, k, v, cache, meta, heads, kv_heads, head_dim)
-    out = TritonAttentionBackend(heads, head_dim, kv_heads, head_dim**-0.5).forward(q, k, v, cache, meta)
+    backend = TritonAttentionBackend(heads, head_dim, kv_heads, head_dim**-0.5)
+    out = backend.forward(q, k, v, cache, meta)
     err = rel_err(out, ref)
     assert err < tolerance(dtype), err
     written = ~ref_cache.isnan()
@@ -108,8 +110,8 @@ def test_decode_cuda_graph_replays_with_changing_lengths():
     scale = head_dim**-0.5
 
     def step():
-        paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-                               scale, splits)
+        paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                               out, scale, splits)
 
     step()  # warm-up outside the capture: compiles, and allocates the counters
     torch.cuda.synchronize()
@@ -122,7 +124,8 @@ def test_decode_cuda_graph_replays_with_changing_lengths():
         meta.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
         graph.replay()
-        ref = decode_reference(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+        ref = decode_reference(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                               scale)
         live = meta.seq_lens > 0
         if live.any():
             err = rel_err(out[live], ref[live])
@@ -136,11 +139,12 @@ def test_decode_cuda_graph_replays_with_changing_lengths():
 def test_decode_bitwise_repeatable(batch, num_splits):
     # Whichever split arrives last merges all of them in index order: the output must not
     # depend on the arrival order, which differs from run to run on a GPU.
-    q, cache, meta = decode_inputs(contexts(batch, 8000, 5), 32, 8, 128, 16, torch.bfloat16, device="cuda")
+    q, cache, meta = decode_inputs(contexts(batch, 8000, 5), 32, 8, 128, 16, torch.bfloat16,
+                                   device="cuda")
     outs = []
     for _ in range(20):
         out = torch.empty_like(q)
-        paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-                               128**-0.5, num_splits)
+        paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                               out, 128**-0.5, num_splits)
         outs.append(out)
     assert all(torch.equal(o, outs[0]) for o in outs)

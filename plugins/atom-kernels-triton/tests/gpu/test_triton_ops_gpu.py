@@ -27,7 +27,8 @@ def rand(*shape, dtype=torch.float32):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,hidden", [(1, 1024), (37, 4096), (256, 5120), (4096, 128)])
 def test_norms(dtype, rows, hidden):
-    x, r, w = rand(rows, hidden, dtype=dtype), rand(rows, hidden, dtype=dtype), rand(hidden, dtype=dtype)
+    x, r = rand(rows, hidden, dtype=dtype), rand(rows, hidden, dtype=dtype)
+    w = rand(hidden, dtype=dtype)
     assert rel_err(norm.rms_norm(x, w, 1e-6), native_norm.rms_norm(x, w, 1e-6)) < tolerance(dtype)
     out, summed = norm.fused_add_rms_norm(x, r, w, 1e-6)
     ref_out, ref_sum = native_norm.fused_add_rms_norm(x, r, w, 1e-6)
@@ -76,7 +77,8 @@ def test_write_kv_cache(dtype, block_size, kvh, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,vocab", [(1, 151936), (32, 151936), (256, 102400), (33, 32000), (4, 7)])
+@pytest.mark.parametrize("rows,vocab",
+                         [(1, 151936), (32, 151936), (256, 102400), (33, 32000), (4, 7)])
 def test_argmax(dtype, rows, vocab):
     from atom_kernels_triton.argmax import argmax
 
