@@ -19,7 +19,8 @@ for plugin in plugins/*/; do
     [ -f "$plugin/pyproject.toml" ] || continue
     cp -r "$plugin" "$work/$name"
     echo "== $name (from $work/$name)"
-    if ! (cd "$work/$name" && env -u PYTHONPATH "$PY" -m pytest -q -p no:cacheprovider tests "$@"); then
+    if ! (cd "$work/$name" &&
+          env -u PYTHONPATH "$PY" -m pytest -q -p no:cacheprovider tests "$@"); then
         failed+=("$name")
     fi
 done

@@ -36,7 +36,8 @@ class PagedKV:
             while len(table) * self.block_size < new:
                 table.append(self.free.pop())
             for pos in range(old, new):
-                slots.append(table[pos // self.block_size] * self.block_size + pos % self.block_size)
+                block, offset = divmod(pos, self.block_size)
+                slots.append(table[block] * self.block_size + offset)
                 positions.append(pos)
             self.lens[sid] = new
             starts.append(starts[-1] + qlen)

@@ -91,7 +91,8 @@ def _moe_config(kind: str) -> Any:
         return DeepseekV2Config(
             **{**_COMMON, **mla}, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=2,
             n_shared_experts=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
-            routed_scaling_factor=1.5, rope_parameters={**yarn, "mscale": 1.0, "mscale_all_dim": 0.707},
+            routed_scaling_factor=1.5,
+            rope_parameters={**yarn, "mscale": 1.0, "mscale_all_dim": 0.707},
         )
     return DeepseekV3Config(
         **{**_COMMON, **mla}, q_lora_rank=48, n_routed_experts=16, num_experts_per_tok=4,
