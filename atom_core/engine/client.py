@@ -100,7 +100,9 @@ class EngineClient:
         try:
             self.tokenizer, self.chat_template = load_tokenizer(config)
             if self.tokenizer is None:
-                raise ConfigError("the server needs a tokenizer: this model has none (pass --tokenizer)")
+                raise ConfigError(
+                    "the server needs a tokenizer: this model has none (pass --tokenizer)"
+                )
         except BaseException:
             self.abandon()
             raise
@@ -118,7 +120,8 @@ class EngineClient:
                 if isinstance(msg, EngineFailed):
                     raise ConfigError(f"the engine failed to start: {msg.message}")
             elif not self.process.is_alive():
-                raise ConfigError(f"the engine process exited during start-up (code {self.process.exitcode})")
+                code = self.process.exitcode
+                raise ConfigError(f"the engine process exited during start-up (code {code})")
             elif time.monotonic() > deadline:
                 raise ConfigError("the engine did not start in time")
         self.ready = msg
@@ -152,7 +155,8 @@ class EngineClient:
 
     def _check_alive(self) -> None:
         if not self.is_healthy:
-            raise EngineDeadError(f"the engine is not running: {self.dead_reason or 'process exited'}")
+            reason = self.dead_reason or "process exited"
+            raise EngineDeadError(f"the engine is not running: {reason}")
 
     # --- the read loop -------------------------------------------------------------------
 
@@ -185,7 +189,9 @@ class EngineClient:
         logger.error("engine is dead: %s", reason)
         for rid, stream in list(self._streams.items()):
             stream.finished = True
-            stream.collector.put(RequestDelta(rid, finished=True, finish_reason="abort", error=reason))
+            stream.collector.put(
+                RequestDelta(rid, finished=True, finish_reason="abort", error=reason)
+            )
         for fut in self._replies.values():
             if not fut.done():
                 fut.set_exception(EngineDeadError(reason))
@@ -237,7 +243,8 @@ class EngineClient:
         # Stop strings are matched here, on text; the engine sees token ids only.
         engine_params = replace(params, stop_strings=None)
         try:
-            await self._out.send(encoder.encode(AddRequest(request_id, list(prompt_token_ids), engine_params)))
+            add = AddRequest(request_id, list(prompt_token_ids), engine_params)
+            await self._out.send(encoder.encode(add))
             while True:
                 delta = await stream.collector.get()
                 yield delta
@@ -263,7 +270,9 @@ class EngineClient:
         rids = [rid for rid, stream in self._streams.items() if not stream.finished]
         for rid in rids:
             self._streams[rid].finished = True
-            self._streams[rid].collector.put(RequestDelta(rid, finished=True, finish_reason="abort", error=reason))
+            self._streams[rid].collector.put(
+                RequestDelta(rid, finished=True, finish_reason="abort", error=reason)
+            )
         if rids and self.is_healthy:
             self._out.send(encoder.encode(AbortRequests(rids)))  # not awaited, as in generate
         return len(rids)

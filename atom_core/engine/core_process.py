@@ -130,7 +130,9 @@ def _die_with_parent() -> None:
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
 
-def run_engine_core(config: Config, link: EngineLink, parent: int, log_level: int = logging.INFO) -> None:
+def run_engine_core(
+    config: Config, link: EngineLink, parent: int, log_level: int = logging.INFO
+) -> None:
     """Entry point of the engine process (spawned by the frontend's EngineClient, whose pid
     is ``parent``); ``link`` says where and with which keys to connect."""
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")

@@ -82,7 +82,12 @@ class LLMEngine:
     """
 
     def __init__(
-        self, model: str | None = None, *, config: Config | None = None, detokenize: bool = True, **kwargs: Any
+        self,
+        model: str | None = None,
+        *,
+        config: Config | None = None,
+        detokenize: bool = True,
+        **kwargs: Any,
     ):
         if config is None:
             config = Config.from_kwargs(model=model, **kwargs)
@@ -103,18 +108,22 @@ class LLMEngine:
         if sc.max_model_len is None:
             sc.max_model_len = limit
         elif sc.max_model_len > limit:
-            raise ConfigError(f"--max-model-len {sc.max_model_len} exceeds the model's {limit} positions")
+            raise ConfigError(
+                f"--max-model-len {sc.max_model_len} exceeds the model's {limit} positions"
+            )
         self.max_model_len = sc.max_model_len
         self.eos_token_ids = self._eos_ids(loaded.generation_defaults)
         self.runner = ModelRunner(config, loaded, self.device, self.dtype)
         capacity = self.runner.num_blocks * config.cache_config.block_size
         if capacity < self.max_model_len:
             raise ConfigError(
-                f"the KV cache holds {capacity} tokens, fewer than --max-model-len {self.max_model_len}: "
-                "one long request could never finish. Lower --max-model-len or give the cache more memory"
+                f"the KV cache holds {capacity} tokens, fewer than --max-model-len "
+                f"{self.max_model_len}: one long request could never finish. Lower "
+                "--max-model-len or give the cache more memory"
             )
         self.block_manager = BlockManager(
-            self.runner.num_blocks, config.cache_config.block_size, config.cache_config.enable_prefix_caching
+            self.runner.num_blocks, config.cache_config.block_size,
+            config.cache_config.enable_prefix_caching,
         )
         self.scheduler = Scheduler(sc, self.block_manager, self.max_model_len)
         self.stats = StatsLogger(config.observability_config, self.scheduler, self.block_manager)
@@ -136,7 +145,8 @@ class LLMEngine:
 
     def _eos_ids(self, generation_defaults: dict[str, Any]) -> set[int]:
         ids: set[int] = set()
-        for value in (generation_defaults.get("eos_token_id"), getattr(self.hf_config, "eos_token_id", None),
+        for value in (generation_defaults.get("eos_token_id"),
+                      getattr(self.hf_config, "eos_token_id", None),
                       getattr(self.tokenizer, "eos_token_id", None)):
             if isinstance(value, int):
                 ids.add(value)
@@ -149,10 +159,14 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise InvalidRequestError("this model has no tokenizer; pass token ids", param="prompt")
+                raise InvalidRequestError(
+                    "this model has no tokenizer; pass token ids", param="prompt"
+                )
             return list(self.tokenizer.encode(prompt))
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise InvalidRequestError("a token-id prompt must be a list of integers", param="prompt")
+            raise InvalidRequestError(
+                "a token-id prompt must be a list of integers", param="prompt"
+            )
         return list(prompt)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> str:
@@ -161,7 +175,8 @@ class LLMEngine:
         if self.tokenizer is None or template is None:
             raise InvalidRequestError("this model has no chat template", param="messages")
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True, **template_kwargs
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True,
+            **template_kwargs,
         )
 
     def add_request(
@@ -174,7 +189,10 @@ class LLMEngine:
         """Queue prompts (text or token ids); returns their request ids. Each passes
         ``check_request`` before any is queued, so a bad one rejects the call and queues
         nothing."""
-        prompts = [prompt_or_tokens_list] if isinstance(prompt_or_tokens_list, str) else list(prompt_or_tokens_list)
+        prompts = (
+            [prompt_or_tokens_list] if isinstance(prompt_or_tokens_list, str)
+            else list(prompt_or_tokens_list)
+        )
         if sampling_params_list is None:
             sampling_params_list = SamplingParams()
         params = (
@@ -244,11 +262,15 @@ class LLMEngine:
         d = 1
         while (d < sched.max_num_seqs and self.max_model_len > 20
                and d * -(-4 // bs) + -(-19 // bs) <= self.block_manager.num_blocks):
-            short = self.add_request([[0]] * d, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+            short = self.add_request(
+                [[0]] * d, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+            )
             self.step()
             # Its own tokens each round, so that a prefix cache cannot turn it into a decode.
             prompt = [(d * 17 + j) % self.hf_config.vocab_size for j in range(17)]
-            joined = self.add_request([prompt], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+            joined = self.add_request(
+                [prompt], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+            )
             while any(r in self._requests for r in short + joined):
                 self.step()
             d *= 2
@@ -319,7 +341,8 @@ class LLMEngine:
             and self.runner.decode_inputs is not None
             and all(
                 self._host_free_sampling(s.sampling_params)
-                and (s.sampling_params.prompt_logprobs is None or len(s.prompt_logprobs) >= s.num_prompt_tokens)
+                and (s.sampling_params.prompt_logprobs is None
+                     or len(s.prompt_logprobs) >= s.num_prompt_tokens)
                 for s in batch.seqs
             )
         )
@@ -332,7 +355,8 @@ class LLMEngine:
         return frozenset(
             s.seq_id for s in seqs
             if not s.is_finished
-            and (s.num_output_tokens >= s.sampling_params.max_tokens or s.num_tokens >= self.max_model_len)
+            and (s.num_output_tokens >= s.sampling_params.max_tokens
+                 or s.num_tokens >= self.max_model_len)
         )
 
     @staticmethod
@@ -345,7 +369,9 @@ class LLMEngine:
             and sp.frequency_penalty == 0.0
         )
 
-    def _process(self, seqs: list[Sequence], out: StepOutput, resolve: bool = False) -> list[Sequence]:
+    def _process(
+        self, seqs: list[Sequence], out: StepOutput, resolve: bool = False
+    ) -> list[Sequence]:
         """Append (or, for a step read late, resolve) each sequence's sampled token; stop
         checks, stats and callbacks. Returns the sequences that finished."""
         finished: list[Sequence] = []
@@ -407,15 +433,17 @@ class LLMEngine:
         seq = req.seq
         first = req.sent_tokens == 0
         new_ids = seq.output_token_ids[req.sent_tokens :]
-        new_logprobs = seq.logprobs[req.sent_tokens :] if seq.sampling_params.logprobs is not None else []
+        sp = seq.sampling_params
+        new_logprobs = seq.logprobs[req.sent_tokens :] if sp.logprobs is not None else []
         req.sent_tokens = seq.num_output_tokens
-        prompt_lps = seq.prompt_logprobs if first and seq.sampling_params.prompt_logprobs is not None else None
+        prompt_lps = seq.prompt_logprobs if first and sp.prompt_logprobs is not None else None
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time is not None else None
         latency = (seq.finish_time or time.perf_counter()) - seq.arrival_time if finished else None
         req.callback(
             RequestOutput(
                 seq.request_id, text, new_ids, finished, seq.finish_reason, seq.stop_reason,
-                new_logprobs, prompt_lps, seq.num_prompt_tokens, seq.num_output_tokens, ttft, latency,
+                new_logprobs, prompt_lps, seq.num_prompt_tokens, seq.num_output_tokens, ttft,
+                latency,
             )
         )
 
@@ -448,5 +476,7 @@ class LLMEngine:
             "ttft": first - seq.arrival_time,
             "tpot": (end - first) / (n_out - 1) if n_out > 1 else 0.0,
             "logprobs": seq.logprobs if seq.sampling_params.logprobs is not None else None,
-            "prompt_logprobs": seq.prompt_logprobs if seq.sampling_params.prompt_logprobs is not None else None,
+            "prompt_logprobs": (
+                seq.prompt_logprobs if seq.sampling_params.prompt_logprobs is not None else None
+            ),
         }

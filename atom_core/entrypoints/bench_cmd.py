@@ -10,7 +10,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     bench = sub.add_parser("bench", help="benchmark a running server")
     kinds = bench.add_subparsers(dest="bench_command", metavar="KIND", required=True)
-    p = kinds.add_parser("serve", help="online serving benchmark (vLLM's benchmark_serving flags and output)")
+    p = kinds.add_parser(
+        "serve", help="online serving benchmark (vLLM's benchmark_serving flags and output)"
+    )
     add_cli_args(p)
     p.set_defaults(func=run)
 

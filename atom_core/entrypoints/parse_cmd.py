@@ -20,24 +20,35 @@ from atom_core.errors import ConfigError
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("parse", help="split raw model output into content, reasoning and tool calls")
+    p = sub.add_parser(
+        "parse", help="split raw model output into content, reasoning and tool calls"
+    )
     p.add_argument(
         "--tool-call-parser", required=True,
         help="tool-call format name, 'none', or 'auto' (needs --chat-template)",
     )
     p.add_argument(
         "--reasoning-dialect", default="auto",
-        help="reasoning dialect name, 'none', or 'auto' (default: from --chat-template, else inline <think>)",
+        help="reasoning dialect name, 'none', or 'auto' (default: from --chat-template, "
+        "else inline <think>)",
     )
-    p.add_argument("--chat-template", type=Path, help="model directory or template file (.jinja, encoding_*.py)")
+    p.add_argument(
+        "--chat-template", type=Path,
+        help="model directory or template file (.jinja, encoding_*.py)",
+    )
     p.add_argument("--tools", type=Path, help="JSON file holding the request's tools list")
     p.add_argument("--tool-choice", help="auto | none | required | a tool name | a JSON object")
-    p.add_argument("--chunk-size", type=int, default=0, help="feed N characters at a time (default: all at once)")
+    p.add_argument(
+        "--chunk-size", type=int, default=0,
+        help="feed N characters at a time (default: all at once)",
+    )
     p.add_argument(
         "--starts-in-reasoning", action="store_true",
         help="the output begins inside the reasoning channel (the prompt opened it)",
     )
-    p.add_argument("--finish-reason", default="stop", help="the engine's finish reason (stop, length)")
+    p.add_argument(
+        "--finish-reason", default="stop", help="the engine's finish reason (stop, length)"
+    )
     p.set_defaults(func=run_parse)
 
 

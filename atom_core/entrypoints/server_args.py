@@ -12,9 +12,16 @@ from atom_core.engine.arg_utils import EngineArgs
 def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="0.0.0.0", help="bind address")
-    g.add_argument("--server-port", type=int, default=8000, help="HTTP port (--port is the engine's)")
-    g.add_argument("--timeout-keep-alive", type=int, default=5, help="seconds an idle keep-alive connection is held")
-    g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request")
+    g.add_argument(
+        "--server-port", type=int, default=8000, help="HTTP port (--port is the engine's)"
+    )
+    g.add_argument(
+        "--timeout-keep-alive", type=int, default=5,
+        help="seconds an idle keep-alive connection is held",
+    )
+    g.add_argument(
+        "--disable-uvicorn-access-log", action="store_true", help="no log line per HTTP request"
+    )
     g.add_argument(
         "--timeout-graceful-shutdown", type=_positive(float), default=20.0, metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may finish before they are aborted "
@@ -30,7 +37,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="require this key ('Authorization: Bearer KEY' or 'x-api-key: KEY') on every route "
         "but /health, /metrics, /version and the API description (/openapi.json, /docs, /redoc)",
     )
-    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
+    g.add_argument(
+        "--served-model-name", default=None,
+        help="the model name clients use (default: --model)",
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--tool-call-parser", default="auto",

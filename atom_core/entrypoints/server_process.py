@@ -59,7 +59,9 @@ class ServerProcess:
         self.log_path = log
         out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop()
         self._out = out
-        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.base_url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 300.0) -> ServerProcess:
@@ -81,7 +83,8 @@ class ServerProcess:
 
     def engine_pids(self) -> list[int]:
         """Children of the server running multiprocessing's spawn_main (the engine process)."""
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        pgrep = ["pgrep", "-P", str(self.proc.pid)]
+        out = subprocess.run(pgrep, capture_output=True, text=True).stdout
         pids = []
         for pid in map(int, out.split()):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")

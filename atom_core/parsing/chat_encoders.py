@@ -59,7 +59,8 @@ class ChatEncoder(ABC):
 
 
 class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}…{% endgeneration %}`` (transformers' assistant-mask tag): renders its body."""
+    """``{% generation %}…{% endgeneration %}`` (transformers' assistant-mask tag): renders
+    its body."""
 
     tags = {"generation"}
 
@@ -69,9 +70,14 @@ class _GenerationTag(jinja2.ext.Extension):
         return jinja2.nodes.Scope(body).set_lineno(lineno)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes <, >, & and ' for HTML, which a prompt must not see.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _raise_exception(message: str) -> None:
@@ -120,7 +126,8 @@ class PythonChatEncoder(ChatEncoder):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         fn = getattr(module, "encode_messages", None) or next(
-            (getattr(module, n) for n in sorted(dir(module)) if n.startswith("encode") and callable(getattr(module, n))),
+            (getattr(module, n) for n in sorted(dir(module))
+             if n.startswith("encode") and callable(getattr(module, n))),
             None,
         )
         if fn is None:
@@ -138,7 +145,8 @@ class PythonChatEncoder(ChatEncoder):
         kw = {k: v for k, v in kwargs.items() if self.takes(k)}
         ignored = sorted(set(kwargs) - set(kw))
         if ignored:
-            logger.debug("chat encoder %s does not take %s; not passed", self.path.name, ", ".join(ignored))
+            logger.debug("chat encoder %s does not take %s; not passed",
+                         self.path.name, ", ".join(ignored))
         if self.takes("add_generation_prompt"):
             kw["add_generation_prompt"] = add_generation_prompt
         if tools:
@@ -217,12 +225,14 @@ _PROBE_CALL_ID = f"functions.{PROBE_TOOL_NAME}:0"  # Kimi's templates print the 
 
 
 def _probe_messages(arguments: Any) -> list[dict[str, Any]]:
-    call = {"id": _PROBE_CALL_ID, "type": "function", "function": {"name": PROBE_TOOL_NAME, "arguments": arguments}}
+    function = {"name": PROBE_TOOL_NAME, "arguments": arguments}
+    call = {"id": _PROBE_CALL_ID, "type": "function", "function": function}
     return [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": _PROBE_CALL_ID, "name": PROBE_TOOL_NAME, "content": "Sunny, 21 C"},
+        {"role": "tool", "tool_call_id": _PROBE_CALL_ID, "name": PROBE_TOOL_NAME,
+         "content": "Sunny, 21 C"},
     ]
 
 

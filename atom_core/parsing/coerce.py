@@ -61,7 +61,9 @@ def coerce_value(text: str, schema: Mapping[str, Any]) -> Any:
     return text
 
 
-def coerce_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any] | None) -> dict[str, Any]:
+def coerce_arguments(
+    arguments: Mapping[str, Any], schema: Mapping[str, Any] | None
+) -> dict[str, Any]:
     """Every string value whose property schema asks for another type, converted."""
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     if not isinstance(props, Mapping):
@@ -69,5 +71,6 @@ def coerce_arguments(arguments: Mapping[str, Any], schema: Mapping[str, Any] | N
     out: dict[str, Any] = {}
     for key, value in arguments.items():
         sub = props.get(key)
-        out[key] = coerce_value(value, sub) if isinstance(value, str) and isinstance(sub, Mapping) else value
+        typed = isinstance(value, str) and isinstance(sub, Mapping)
+        out[key] = coerce_value(value, sub) if typed else value
     return out

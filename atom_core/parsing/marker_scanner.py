@@ -39,7 +39,8 @@ class MarkerScanner:
     """Finds whole markers in a stream and says how much of it may be released."""
 
     def __init__(self, markers: Iterable[str]) -> None:
-        self.markers: tuple[str, ...] = tuple(sorted({m for m in markers if m}, key=lambda s: (-len(s), s)))
+        longest_first = sorted({m for m in markers if m}, key=lambda s: (-len(s), s))
+        self.markers: tuple[str, ...] = tuple(longest_first)
         self.longest: int = max((len(m) for m in self.markers), default=0)
         self._find = re.compile(_alternation(self.markers)) if self.markers else None
         prefixes = {m[:i] for m in self.markers for i in range(1, len(m))}

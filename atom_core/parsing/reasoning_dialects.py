@@ -68,7 +68,9 @@ def dialect_classes(registry=None) -> list[tuple[str, type[ReasoningDialect]]]:
     return sorted(entries, key=lambda e: (-getattr(e[1], "DETECT_PRIORITY", 0), e[0]))
 
 
-def resolve_dialect(template_source: str | None, name: str = "auto", registry=None) -> DialectChoice:
+def resolve_dialect(
+    template_source: str | None, name: str = "auto", registry=None
+) -> DialectChoice:
     """The dialect to use: ``name`` if given (``none`` disables), else detected from the
     chat template's source. Unknown names raise ConfigError."""
     reg = registry if registry is not None else _registry()
@@ -77,7 +79,9 @@ def resolve_dialect(template_source: str | None, name: str = "auto", registry=No
     if name != "auto":
         if name not in reg:
             known = ", ".join([*reg.names(), "auto", "none"])
-            raise ConfigError(f"--reasoning-dialect {name!r} is not one of ATOM's dialects; known: {known}")
+            raise ConfigError(
+                f"--reasoning-dialect {name!r} is not one of ATOM's dialects; known: {known}"
+            )
         return DialectChoice(name, reg.get(name)(), "named by --reasoning-dialect")
     if not template_source:
         return DialectChoice(None, None, "no chat template")
@@ -96,5 +100,6 @@ def with_fallback(choice: DialectChoice, registry=None) -> DialectChoice:
     if FALLBACK_DIALECT not in reg:
         return choice
     return DialectChoice(
-        FALLBACK_DIALECT, reg.get(FALLBACK_DIALECT)(), f"{choice.reason}; falling back to inline {FALLBACK_DIALECT!r}"
+        FALLBACK_DIALECT, reg.get(FALLBACK_DIALECT)(),
+        f"{choice.reason}; falling back to inline {FALLBACK_DIALECT!r}",
     )

@@ -103,7 +103,8 @@ class ResponseReader:
             "".join(self._reasoning),
             list(self.tools.calls),
             self._finish_reason,
-            self.policy.choice == "required" and self._finish_reason is not None and not self.tools.calls,
+            self.policy.choice == "required" and self._finish_reason is not None
+            and not self.tools.calls,
         )
 
     def _route(self, events: list[Event], at_end: bool) -> list[Event]:
@@ -151,24 +152,32 @@ class ResponseParser:
         thinking switch, and one log line that says what was chosen and why."""
         fmt_reg = registries.tool_formats if registries else None
         dia_reg = registries.reasoning_dialects if registries else None
-        check_tool_call_parser(tool_call_parser, fmt_reg)  # an unknown name fails before any rendering
-        probe = render_probe_prompt(encoder) if encoder is not None and tool_call_parser == "auto" else None
+        # An unknown name fails before any rendering.
+        check_tool_call_parser(tool_call_parser, fmt_reg)
+        detect = encoder is not None and tool_call_parser == "auto"
+        probe = render_probe_prompt(encoder) if detect else None
         fmt = resolve_tool_format(tool_call_parser, probe, fmt_reg)
-        dia = with_fallback(resolve_dialect(chat_template_source(encoder), reasoning_dialect, dia_reg), dia_reg)
+        named = resolve_dialect(chat_template_source(encoder), reasoning_dialect, dia_reg)
+        dia = with_fallback(named, dia_reg)
         switch = resolve_thinking_switch(encoder)
+        shown = f"{switch.kwarg}={switch.off!r}" if switch else "none (the template has none)"
         description = (
             f"tool-call format: {fmt.name or 'none'} ({fmt.reason}); "
             f"reasoning dialect: {dia.name or 'none'} ({dia.reason}); "
-            f"thinking switch: {switch.kwarg + '=' + repr(switch.off) if switch else 'none (the template has none)'}"
+            f"thinking switch: {shown}"
         )
         logger.info("%s", description)
         return cls(fmt.format, dia.dialect, description, switch)
 
     @classmethod
-    def from_names(cls, tool_call_parser: str = "none", reasoning_dialect: str = "none", registries=None) -> ResponseParser:
+    def from_names(
+        cls, tool_call_parser: str = "none", reasoning_dialect: str = "none", registries=None
+    ) -> ResponseParser:
         """Explicit names (``none`` for neither); unknown names raise ConfigError."""
-        fmt = resolve_tool_format(tool_call_parser, None, registries.tool_formats if registries else None)
-        dia = resolve_dialect(None, reasoning_dialect, registries.reasoning_dialects if registries else None)
+        formats = registries.tool_formats if registries else None
+        dialects = registries.reasoning_dialects if registries else None
+        fmt = resolve_tool_format(tool_call_parser, None, formats)
+        dia = resolve_dialect(None, reasoning_dialect, dialects)
         return cls(fmt.format, dia.dialect, f"tool format {fmt.name}, reasoning dialect {dia.name}")
 
     def reader(

@@ -56,11 +56,15 @@ def resolve_tool_format(name: str, probe: str | None, registry=None) -> FormatCh
     template rendered by ``render_probe_prompt`` (None when there is no template)."""
     reg = registry if registry is not None else _registry()
     if name == "none":
-        return FormatChoice(None, None, "disabled by --tool-call-parser none; tool calls arrive as text")
+        return FormatChoice(
+            None, None, "disabled by --tool-call-parser none; tool calls arrive as text"
+        )
     if name != "auto":
         if name not in reg:
             known = ", ".join([*reg.names(), "auto", "none"])
-            raise ConfigError(f"--tool-call-parser {name!r} is not one of ATOM's formats; known: {known}")
+            raise ConfigError(
+                f"--tool-call-parser {name!r} is not one of ATOM's formats; known: {known}"
+            )
         return FormatChoice(name, reg.get(name)(), "named by --tool-call-parser")
     if not probe:
         return FormatChoice(None, None, "no chat template to read; tool calls arrive as text")
@@ -71,6 +75,11 @@ def resolve_tool_format(name: str, probe: str | None, registry=None) -> FormatCh
     for uname, signature in UNSUPPORTED_FORMATS.items():
         if all(s in probe for s in signature):
             return FormatChoice(
-                None, None, f"the chat template uses the {uname} format, which ATOM does not read; tool calls arrive as text"
+                None, None,
+                f"the chat template uses the {uname} format, which ATOM does not read; "
+                "tool calls arrive as text",
             )
-    return FormatChoice(None, None, "the chat template shows no known tool-call format; tool calls arrive as text")
+    return FormatChoice(
+        None, None,
+        "the chat template shows no known tool-call format; tool calls arrive as text",
+    )

@@ -37,7 +37,9 @@ class RegionParse(list):
     "not a call", and the region is released verbatim.
     """
 
-    def __init__(self, calls: Iterable[ToolCall] = (), start: int = 0, end: int | None = None) -> None:
+    def __init__(
+        self, calls: Iterable[ToolCall] = (), start: int = 0, end: int | None = None
+    ) -> None:
         super().__init__(calls)
         self.start = start
         self.end = end

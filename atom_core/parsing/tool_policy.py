@@ -61,7 +61,9 @@ class ToolPolicy:
         declared = None if tools is None else dict(_tool_entry(t) for t in tools)
         choice, named = cls._read_choice(tool_choice)
         if named is not None and declared is not None and named not in declared:
-            raise InvalidRequestError(f"tool_choice names {named!r}, which is not in tools", param="tool_choice")
+            raise InvalidRequestError(
+                f"tool_choice names {named!r}, which is not in tools", param="tool_choice"
+            )
         return cls(declared, choice, named, frozenset(declared or ()), parallel)
 
     @staticmethod

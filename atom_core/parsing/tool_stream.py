@@ -201,7 +201,8 @@ class ToolCallStream:
         r, s = self._region, self._s
         assert r is not None
         known = self._known_closer
-        if known is not None and r.search >= known[0] and (known[1] is None or r.search <= known[1].start):
+        if (known is not None and r.search >= known[0]
+                and (known[1] is None or r.search <= known[1].start)):
             # A region that failed around this one already searched these bytes.
             self._close(known[1].end if known[1] is not None else len(s), known[1])
             return True
@@ -235,7 +236,8 @@ class ToolCallStream:
             return
         call = res[0]
         if call.name and self._policy.announces(call.name) and self._room():
-            r.announced = DispatchedCall(self._next_index, call.id or self._make_id(), call.name, "")
+            call_id = call.id or self._make_id()
+            r.announced = DispatchedCall(self._next_index, call_id, call.name, "")
             self._next_index += 1
             self._events.append(ToolCallStart(r.announced.index, r.announced.id, call.name))
 
@@ -256,7 +258,8 @@ class ToolCallStream:
         self._region = None
         if res is None:
             if r.announced is not None:
-                logger.warning("tool call %s was announced but its region parsed to nothing", r.announced.name)
+                logger.warning("tool call %s was announced but its region parsed to nothing",
+                               r.announced.name)
                 self._record(r.announced.index, r.announced.id, r.announced.name, "{}")
             # Not a call: the opener is the answer's, and the rest is read again as text.
             self._content(r.opener)
@@ -287,7 +290,8 @@ class ToolCallStream:
         if hit is None:
             self._known_closer = (self._pos, None)
         else:
-            self._known_closer = (self._pos, MarkerHit(self._pos + len(text) - len(hit.marker) - offset, hit.marker))
+            at = self._pos + len(text) - len(hit.marker) - offset
+            self._known_closer = (self._pos, MarkerHit(at, hit.marker))
 
     def _dispatch(self, calls: list[ToolCall], announced: DispatchedCall | None) -> None:
         for i, call in enumerate(calls):

@@ -47,7 +47,8 @@ def test_stop_token_ids_end_generation(engine):
 
 
 def test_stop_strings_cut_the_text(engine):
-    [ref] = engine.generate(["Paged attention"], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    [ref] = engine.generate(["Paged attention"], greedy)
     text = ref["text"]
     stop = text[10:13]
     assert stop and stop in text
@@ -75,7 +76,8 @@ def test_seeded_requests_reproduce_across_batch_compositions(engine):
     crowd = engine.generate(["a b c", "Hello world", "The lazy dog sleeps"], [other, seeded, other])
     last = engine.generate(["x", "yy", "zzz", "Hello world"], [other, other, other, seeded])
     assert crowd[1]["token_ids"] == alone == last[3]["token_ids"]
-    different = engine.generate(["Hello world"], SamplingParams(temperature=1.0, max_tokens=12, seed=99, ignore_eos=True))
+    other_seed = SamplingParams(temperature=1.0, max_tokens=12, seed=99, ignore_eos=True)
+    different = engine.generate(["Hello world"], other_seed)
     assert different[0]["token_ids"] != alone
 
 
@@ -121,7 +123,8 @@ def test_stream_callback_deltas_add_up(engine):
 def test_many_random_requests_all_finish(engine):
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(rng.randint(1, 60))] for _ in range(24)]
-    params = [SamplingParams(temperature=rng.choice([0.0, 0.8]), max_tokens=rng.randint(1, 20), ignore_eos=True)
+    params = [SamplingParams(temperature=rng.choice([0.0, 0.8]), max_tokens=rng.randint(1, 20),
+                             ignore_eos=True)
               for _ in prompts]
     outs = engine.generate(prompts, params)
     assert [o["num_tokens_output"] for o in outs] == [p.max_tokens for p in params]

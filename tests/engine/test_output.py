@@ -65,7 +65,9 @@ def test_stop_string_split_across_tokens(include):
     tok = tiny_tokenizer()
     text = "The quick brown fox jumps over the lazy dog."
     ids = tok.encode(text)
-    detok = IncrementalDetokenizer(tok, [], stop_strings=["fox jumps"], include_stop_str_in_output=include)
+    detok = IncrementalDetokenizer(
+        tok, [], stop_strings=["fox jumps"], include_stop_str_in_output=include
+    )
     pieces = _stream(detok, ids)
     assert detok.stopped_on == "fox jumps"
     expected = "The quick brown fox jumps" if include else "The quick brown "

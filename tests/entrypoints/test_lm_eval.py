@@ -59,7 +59,8 @@ def task_dir(tmp_path) -> str:
 def requests_finished(server) -> float:
     """atom:request_success summed over finish reasons."""
     text = httpx.get(f"{server.base_url}/metrics").text
-    return sum(float(v) for v in re.findall(r"^atom:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+    counts = re.findall(r"^atom:request_success_total\{[^}]*\} (\S+)$", text, re.M)
+    return sum(float(v) for v in counts)
 
 
 def offline(monkeypatch) -> None:
@@ -148,4 +149,5 @@ def test_local_completions_generate_and_loglikelihood(server, tmp_path, monkeypa
         context, continuation = args
         served = server_loglikelihood(server, tokenizer, context, continuation)
         assert ll == pytest.approx(served, abs=1e-3)
-        assert ll == pytest.approx(reference_loglikelihood(tokenizer, context, continuation), abs=1e-3)
+        reference = reference_loglikelihood(tokenizer, context, continuation)
+        assert ll == pytest.approx(reference, abs=1e-3)

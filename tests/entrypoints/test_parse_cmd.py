@@ -35,19 +35,24 @@ def tools_file(tmp_path):
 
 @pytest.mark.parametrize("chunk", ["0", "1", "3", "64"])
 def test_prints_the_message_at_every_chunk_size(monkeypatch, capsys, tools_file, chunk):
-    rc, msg = atom_parse(monkeypatch, capsys, ["--tool-call-parser", "qwen", "--tools", tools_file, "--chunk-size", chunk])
+    args = ["--tool-call-parser", "qwen", "--tools", tools_file, "--chunk-size", chunk]
+    rc, msg = atom_parse(monkeypatch, capsys, args)
     assert rc == 0
     assert msg == {
         "content": "Let me check.\n\nOne moment.",
         "reasoning_content": "The user wants weather.",
-        "tool_calls": [{"name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 3})}],
+        "tool_calls": [
+            {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 3})}
+        ],
         "finish_reason": "tool_calls",
     }
 
 
 def test_tool_choice_none_keeps_the_answer(monkeypatch, capsys, tools_file):
-    rc, msg = atom_parse(monkeypatch, capsys, ["--tool-call-parser", "qwen", "--tools", tools_file, "--tool-choice", "none"])
-    assert (msg["content"], msg["tool_calls"], msg["finish_reason"]) == ("Let me check.\n\nOne moment.", [], "stop")
+    args = ["--tool-call-parser", "qwen", "--tools", tools_file, "--tool-choice", "none"]
+    rc, msg = atom_parse(monkeypatch, capsys, args)
+    expected = ("Let me check.\n\nOne moment.", [], "stop")
+    assert (msg["content"], msg["tool_calls"], msg["finish_reason"]) == expected
 
 
 def test_auto_from_a_chat_template(monkeypatch, capsys):

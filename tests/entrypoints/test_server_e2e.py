@@ -52,13 +52,16 @@ def test_health_version_models(server):
 
 
 def test_chat_stream_equals_non_stream(client):
-    kw = dict(model="tiny", messages=[{"role": "user", "content": "Tell me about paged attention."}],
+    kw = dict(model="tiny",
+              messages=[{"role": "user", "content": "Tell me about paged attention."}],
               temperature=0, max_tokens=24)
     full = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    usage = {"include_usage": True}
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options=usage))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert [r for r in reasons if r] == ["length"]
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 24
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
     assert full.usage.total_tokens == full.usage.prompt_tokens + 24
@@ -69,7 +72,8 @@ def test_completion_stream_equals_non_stream(client):
     full = client.completions.create(**kw)
     text = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True))
     assert text == full.choices[0].text
-    extra = full.model_extra["usage"] if "usage" in (full.model_extra or {}) else full.usage.model_extra
+    in_extra = "usage" in (full.model_extra or {})
+    extra = full.model_extra["usage"] if in_extra else full.usage.model_extra
     assert {"ttft_s", "tpot_s", "latency_s"} <= set(extra)
 
 
@@ -77,7 +81,9 @@ def test_stop_strings_and_n(client):
     base = client.completions.create(model="tiny", prompt="Hello", temperature=0, max_tokens=30)
     text = base.choices[0].text
     stop = text[8:11]
-    cut = client.completions.create(model="tiny", prompt="Hello", temperature=0, max_tokens=30, stop=[stop])
+    cut = client.completions.create(
+        model="tiny", prompt="Hello", temperature=0, max_tokens=30, stop=[stop]
+    )
     assert cut.choices[0].text == text[: text.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
     many = client.completions.create(model="tiny", prompt="Hello", max_tokens=5, n=3, seed=7)
@@ -107,18 +113,21 @@ def test_64_concurrent_streams_each_get_their_own(server):
     results = asyncio.run(run())
     single = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
     for i, prompt_tokens, completion_tokens, _ in results:
-        expect = single.completions.create(model="tiny", prompt="a" * (i + 1), max_tokens=1).usage.prompt_tokens
+        alone = single.completions.create(model="tiny", prompt="a" * (i + 1), max_tokens=1)
+        expect = alone.usage.prompt_tokens
         assert (prompt_tokens, completion_tokens) == (expect, 1 + i % 17)
 
 
 BAD = [
     ("/v1/chat/completions", b"{not json", 400, None),
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+     400, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 400}]}, 400, None),
-    ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}, 404, None),
+    ("/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},
+     404, None),
     ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
     ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, None),
@@ -129,13 +138,15 @@ BAD = [
 @pytest.mark.parametrize("path, body, status, param", BAD)
 def test_bad_input_gets_openai_error_shape(server, path, body, status, param):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(f"{server.base_url}{path}", content=content, headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    r = httpx.post(f"{server.base_url}{path}", content=content, headers=headers)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) >= {"message", "type", "param", "code"} and err["message"]
     if param is not None:
         assert err["param"] == param
-    ok = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "still alive", "max_tokens": 2})
+    body = {"prompt": "still alive", "max_tokens": 2}
+    ok = httpx.post(f"{server.base_url}/v1/completions", json=body)
     assert ok.status_code == 200
 
 
@@ -147,7 +158,8 @@ def test_disconnect_mid_stream_frees_kv(server):
         assert any(line.startswith("data: ") for line in got)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if metric(server, "atom:num_requests_running") == 0 and metric(server, "atom:kv_cache_usage_perc") == 0:
+        running = metric(server, "atom:num_requests_running")
+        if running == 0 and metric(server, "atom:kv_cache_usage_perc") == 0:
             break
         time.sleep(0.2)
     assert metric(server, "atom:num_requests_running") == 0
@@ -156,7 +168,8 @@ def test_disconnect_mid_stream_frees_kv(server):
 
 def test_metrics_count_tokens(server):
     before = metric(server, "atom:generation_tokens_total")
-    httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "count", "max_tokens": 7, "ignore_eos": True})
+    body = {"prompt": "count", "max_tokens": 7, "ignore_eos": True}
+    httpx.post(f"{server.base_url}/v1/completions", json=body)
     assert metric(server, "atom:generation_tokens_total") - before == 7
     assert metric(server, "atom:stream_longest_silence_seconds") == 0
 
@@ -195,7 +208,8 @@ def test_api_key(tmp_path):
 def test_engine_death_is_reported_not_hung(tmp_path):
     """An idle server whose engine dies exits non-zero at once, for its supervisor to
     restart it (tests/reliability/test_engine_death.py kills it under a stream)."""
-    srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", log=tmp_path / "log").wait_ready()
+    model = tiny_model_dir("llama")
+    srv = ServerProcess(model, "--max-model-len", "128", log=tmp_path / "log").wait_ready()
     try:
         [engine_pid] = srv.engine_pids()
         os.kill(engine_pid, signal.SIGKILL)
@@ -213,7 +227,8 @@ def test_stop_token_text_is_not_in_the_output(server):
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.sampling_params import SamplingParams
 
-    engine = LLMEngine(str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False, max_model_len=256)
+    engine = LLMEngine(str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False,
+                       max_model_len=256)
     prompt = engine.tokenize("Hello there")
     [ref] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     # A stop token with visible text of its own (random weights emit many partial bytes).
@@ -222,7 +237,8 @@ def test_stop_token_text_is_not_in_the_output(server):
     [want] = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                                                       stop_token_ids=[stop]))
     url = f"{server.base_url}/v1/completions"
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stop_token_ids": [stop]}
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "stop_token_ids": [stop]}
     cut = httpx.post(url, json=body).json()["choices"][0]
     assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", stop)
     assert cut["text"] == want["text"]
@@ -267,7 +283,8 @@ def test_the_engine_port_flag_opens_no_tcp_port(tmp_path):
         srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", "--port", str(port),
                             log=tmp_path / "log").wait_ready()
         try:
-            r = httpx.post(f"{srv.base_url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+            body = {"prompt": "x", "max_tokens": 2}
+            r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=30)
             assert r.status_code == 200
             assert listening_tcp_ports([srv.proc.pid, *srv.engine_pids()]) == {srv.port}
         finally:

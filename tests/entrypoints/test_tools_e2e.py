@@ -30,9 +30,11 @@ pytestmark = pytest.mark.slow
 REPLAY_PLUGIN = Path(__file__).parents[1] / "replay_plugin"
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}}},
     {"type": "function", "function": {"name": "get_time", "description": "Time in a zone",
-     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}},
+     "parameters": {"type": "object", "properties": {"tz": {"type": "string"}},
+                    "required": ["tz"]}}},
 ]
 ANTHROPIC_TOOLS = [
     {"name": t["function"]["name"], "description": t["function"]["description"],
@@ -72,7 +74,8 @@ def replay(tmp_path_factory):
     write_script(script, [])
     model = write_replay_model(root / "model", tokenizer, script=script)
     with pytest.MonkeyPatch.context() as mp:  # the server process inherits it
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+        paths = filter(None, [str(site), os.environ.get("PYTHONPATH")])
+        mp.setenv("PYTHONPATH", os.pathsep.join(paths))
         server = ServerProcess(model, "--max-model-len", "4096", "--served-model-name", "replay",
                                log=root / "server.log")
     try:
@@ -102,8 +105,8 @@ def test_openai_sdk_accumulates_streamed_calls_into_the_non_streamed_ones(replay
     replay.say(REPLY)
     full = oai.chat.completions.create(model="replay", messages=USER, tools=TOOLS, max_tokens=1000)
     replay.say(REPLY)
-    stream = oai.chat.completions.create(model="replay", messages=USER, tools=TOOLS, max_tokens=1000,
-                                         stream=True)
+    stream = oai.chat.completions.create(model="replay", messages=USER, tools=TOOLS,
+                                         max_tokens=1000, stream=True)
     content, reasoning, calls, order, finish = "", "", {}, [], None
     for chunk in stream:
         choice = chunk.choices[0]
@@ -141,7 +144,8 @@ def test_openai_sdk_accumulates_streamed_calls_into_the_non_streamed_ones(replay
 
 def test_without_parallel_calls_both_apis_return_the_first_call_only(replay, oai, claude):
     # The reply holds two calls; the client allowed one. Streamed and not, the same one.
-    kw = dict(model="replay", messages=USER, tools=TOOLS, max_tokens=1000, parallel_tool_calls=False)
+    kw = dict(model="replay", messages=USER, tools=TOOLS, max_tokens=1000,
+              parallel_tool_calls=False)
     replay.say(REPLY)
     full = oai.chat.completions.create(**kw)
     replay.say(REPLY)
@@ -150,13 +154,16 @@ def test_without_parallel_calls_both_apis_return_the_first_call_only(replay, oai
         for tc in chunk.choices[0].delta.tool_calls or ():
             streamed[tc.index] = streamed.get(tc.index, "") + (tc.function.arguments or "")
     calls = full.choices[0].message.tool_calls
-    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+    assert got == [("get_weather", {"city": "Paris"})]
     assert streamed == {0: calls[0].function.arguments}
     assert full.choices[0].message.content.endswith(EXPLANATION)
     replay.say(REPLY)
-    message = claude.messages.create(model="replay", max_tokens=1000, messages=USER, tools=ANTHROPIC_TOOLS,
-                                     tool_choice={"type": "auto", "disable_parallel_tool_use": True})
-    assert [(b.name, b.input) for b in message.content if b.type == "tool_use"] == [("get_weather", {"city": "Paris"})]
+    one_at_a_time = {"type": "auto", "disable_parallel_tool_use": True}
+    message = claude.messages.create(model="replay", max_tokens=1000, messages=USER,
+                                     tools=ANTHROPIC_TOOLS, tool_choice=one_at_a_time)
+    got = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    assert got == [("get_weather", {"city": "Paris"})]
 
 
 def test_anthropic_message_stream_matches_the_message(replay, claude):
@@ -180,9 +187,11 @@ def test_anthropic_message_stream_matches_the_message(replay, claude):
         else:
             assert got.thinking == want.thinking == f"\n{REASONING}\n"
     assert full.content[-1].text.endswith(EXPLANATION)
-    assert [b.input for b in full.content if b.type == "tool_use"] == [{"city": "Paris"}, {"tz": "Europe/Rome"}]
+    inputs = [b.input for b in full.content if b.type == "tool_use"]
+    assert inputs == [{"city": "Paris"}, {"tz": "Europe/Rome"}]
     assert final.stop_reason == full.stop_reason == "tool_use"
-    assert final.usage.output_tokens == full.usage.output_tokens == len(replay.tokenizer.encode(REPLY)) + 1
+    reply_tokens = len(replay.tokenizer.encode(REPLY)) + 1
+    assert final.usage.output_tokens == full.usage.output_tokens == reply_tokens
 
 
 def test_plain_answers_and_stop_reasons(replay, claude, oai):
@@ -191,8 +200,10 @@ def test_plain_answers_and_stop_reasons(replay, claude, oai):
     assert [b.type for b in m.content] == ["text"] and m.stop_reason == "end_turn"
     assert m.content[0].text == "Just text, no tools: if (a < b) return;\n"
     replay.say("one two three four")
-    m = claude.messages.create(model="replay", max_tokens=1000, messages=USER, stop_sequences=["three"])
-    assert (m.stop_reason, m.stop_sequence, m.content[0].text) == ("stop_sequence", "three", "one two ")
+    m = claude.messages.create(model="replay", max_tokens=1000, messages=USER,
+                               stop_sequences=["three"])
+    expected = ("stop_sequence", "three", "one two ")
+    assert (m.stop_reason, m.stop_sequence, m.content[0].text) == expected
     replay.say("one two three four")
     m = claude.messages.create(model="replay", max_tokens=5, messages=USER)
     assert (m.stop_reason, m.content[0].text) == ("max_tokens", "one t")
@@ -206,7 +217,8 @@ def test_plain_answers_and_stop_reasons(replay, claude, oai):
 def test_anthropic_errors_from_the_real_server(replay):
     import httpx
 
-    r = httpx.post(f"{replay.server.base_url}/v1/messages", json={"model": "replay", "messages": USER})
+    body = {"model": "replay", "messages": USER}
+    r = httpx.post(f"{replay.server.base_url}/v1/messages", json=body)
     assert r.status_code == 400
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
 

@@ -14,5 +14,6 @@ TEMPLATES = REPO_ROOT.parent / "shared" / "chat_templates"
 def template_path(name: str) -> Path:
     path = TEMPLATES / f"{name}.jinja"
     if not path.is_file():
-        pytest.skip(f"vendor chat templates not found at {TEMPLATES} (expected shared/ beside the repository)")
+        pytest.skip(f"vendor chat templates not found at {TEMPLATES} "
+                    "(expected shared/ beside the repository)")
     return path

@@ -51,7 +51,9 @@ def test_match_at_a_position():
     assert sc.match("  ", 2, at_end=True) is False
 
 
-def _stream_find_all(sc: MarkerScanner, text: str, sizes: list[int]) -> tuple[list[tuple[int, str]], int]:
+def _stream_find_all(
+    sc: MarkerScanner, text: str, sizes: list[int]
+) -> tuple[list[tuple[int, str]], int]:
     """Markers found and the most bytes ever held, reading ``text`` in chunks."""
     found: list[tuple[int, str]] = []
     held, offset, most = "", 0, 0
@@ -79,7 +81,8 @@ def test_chunking_never_changes_what_is_found_and_holds_are_bounded():
     rng = random.Random(7)
     markers = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|a|>", "<|a|>b"]
     sc = MarkerScanner(markers)
-    alphabet = ["<", ">", "/", "t", "o", "l", "_", "c", "a", "|", "b", "think", "tool_call", " ", "x"]
+    alphabet = ["<", ">", "/", "t", "o", "l", "_", "c", "a", "|", "b", "think", "tool_call", " ",
+                "x"]
     for _ in range(300):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
         whole, _ = _stream_find_all(sc, text, [])

@@ -64,4 +64,5 @@ def test_whether_output_begins_inside_is_read_from_the_prompt():
 
 
 def test_no_dialect_is_plain_content():
-    assert ReasoningChannel(None, starts_inside=True).split("<think>x</think>y") == ("", "<think>x</think>y")
+    channel = ReasoningChannel(None, starts_inside=True)
+    assert channel.split("<think>x</think>y") == ("", "<think>x</think>y")

@@ -50,7 +50,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 # prefixes that never complete a marker.
 WORDS = [
     "the ", "answer ", "is ", "if ", "(a < b) ", "a <= b ", "x<y ", "<b>bold</b> ", "<div> ", "<< ",
-    "\"quoted\" ", "'single' ", "-> ", "{k: 1} ", "<t ", "<th ", "</ ", "<| ", "|> ", "<｜ ", "<tool ",
+    "\"quoted\" ", "'single' ", "-> ", "{k: 1} ", "<t ", "<th ", "</ ", "<| ", "|> ", "<｜ ",
+    "<tool ",
     "\n", "\n\n", "  ", "done.", "C++ ", "1 < 2 > 0 ", "&lt; ", "</b ", "[x] ",
 ]
 prose = st.lists(st.sampled_from(WORDS), min_size=1, max_size=10).map("".join)
@@ -106,7 +107,9 @@ class Builder:
         self.a.add("markup", self.dialect.END_MARKERS[0])
         return self
 
-    def call(self, args: dict[str, Any], dispatched: bool = True, cut_after: str | None = None) -> Builder:
+    def call(
+        self, args: dict[str, Any], dispatched: bool = True, cut_after: str | None = None
+    ) -> Builder:
         wire = self.fmt.render_call("get_weather", args)
         if cut_after is not None:
             wire = wire[: wire.index(cut_after) + len(cut_after)]
@@ -149,7 +152,8 @@ def openers(fmt: ToolFormat) -> list[str]:
 
 
 def build(
-    shape: str, fmt: ToolFormat, dialect: ReasoningDialect | None, p1: str, p2: str, rng: random.Random
+    shape: str, fmt: ToolFormat, dialect: ReasoningDialect | None, p1: str, p2: str,
+    rng: random.Random,
 ) -> tuple[Answer, dict]:
     b = Builder(fmt, dialect)
     request: dict[str, Any] = {"tools": TOOLS}
@@ -158,13 +162,15 @@ def build(
     elif shape == "prose_with_markers":
         pool = quoted_markers(fmt, dialect)
         quoted = " and ".join(rng.sample(pool, min(6, len(pool))))
-        b.text(f"{p1}Other models write {quoted}; ours writes {' or '.join(openers(fmt))} then stop. {p2}")
+        ours = " or ".join(openers(fmt))
+        b.text(f"{p1}Other models write {quoted}; ours writes {ours} then stop. {p2}")
     elif shape == "call_then_explanation":
         b.text(p1).call(ARGS).text("\nIt is sunny in Paris, " + p2)
     elif shape == "two_calls":
         b.call(ARGS).markup("\n").call({"city": "Oslo", "days": 1})
     elif shape == "truncated_call":
-        b.text(p1).call({"days": 3, "city": "Paris and then some more words"}, cut_after="Paris and th")
+        args = {"days": 3, "city": "Paris and then some more words"}
+        b.text(p1).call(args, cut_after="Paris and th")
         request["finish_reason"] = "length"
     elif shape == "forbidden_call":
         b.text(p1).call(ARGS, dispatched=False).text(p2)
@@ -192,9 +198,12 @@ SHAPES = [
 # -- reading ---------------------------------------------------------------------------
 
 
-def read(parser: ResponseParser, text: str, sizes: list[int] | None, request: dict, first_marker: int):
+def read(
+    parser: ResponseParser, text: str, sizes: list[int] | None, request: dict, first_marker: int
+):
     finish = request.get("finish_reason", "stop")
-    reader = parser.reader(tools=request["tools"], tool_choice=request.get("tool_choice"), starts_in_reasoning=False)
+    reader = parser.reader(tools=request["tools"], tool_choice=request.get("tool_choice"),
+                           starts_in_reasoning=False)
     chunks = [text] if sizes is None else _split(text, sizes)
     fed = released = 0
     for chunk in chunks:
@@ -209,7 +218,8 @@ def read(parser: ResponseParser, text: str, sizes: list[int] | None, request: di
             assert reader.tools.held < reader.tools.longest_marker
     reader.finish(finish)
     res = reader.result()
-    return res.content, res.reasoning_content, [(c.name, c.arguments) for c in res.tool_calls], res.finish_reason
+    calls = [(c.name, c.arguments) for c in res.tool_calls]
+    return res.content, res.reasoning_content, calls, res.finish_reason
 
 
 def _split(text: str, sizes: list[int]) -> list[str]:
@@ -257,7 +267,8 @@ def reads_a_call_in_progress(fmt: ToolFormat) -> bool:
 
 
 def name_lands_first(fmt: ToolFormat) -> bool:
-    """Streamed in 8-byte chunks, does tool_call_start come in an earlier chunk than the arguments?"""
+    """Streamed in 8-byte chunks, does tool_call_start come in an earlier chunk than the
+    arguments?"""
     reader = ResponseParser(fmt).reader(tools=TOOLS)
     wire = fmt.render_call("get_weather", {"city": "x" * 800})
     start = args = None

@@ -51,7 +51,10 @@ def test_detection_on_every_vendor_template(name):
     assert (found.kwarg if found else None) == switch
 
 
-@pytest.mark.parametrize("name,inside", [("deepseek_r1", True), ("minimax_m2", True), ("qwen3", False), ("glm4_5", False)])
+@pytest.mark.parametrize(
+    "name,inside",
+    [("deepseek_r1", True), ("minimax_m2", True), ("qwen3", False), ("glm4_5", False)],
+)
 def test_whether_output_begins_in_the_channel_is_read_per_request(name, inside):
     enc = load_chat_encoder(template_path(name))
     parser = ResponseParser.resolve(enc)
@@ -105,7 +108,8 @@ def test_an_unknown_name_is_refused_before_the_template_is_read():
 
 
 def test_an_explicit_name_overrides_the_template():
-    parser = ResponseParser.resolve(load_chat_encoder(template_path("qwen3")), tool_call_parser="qwen")
+    encoder = load_chat_encoder(template_path("qwen3"))
+    parser = ResponseParser.resolve(encoder, tool_call_parser="qwen")
     assert parser.tool_format.name == "qwen"
 
 
@@ -121,8 +125,10 @@ ENCODER = textwrap.dedent(
                 out.append("TOOLS " + json.dumps(m["tools"]))
             for c in m.get("tool_calls") or ():
                 f = c["function"]
-                args = f["arguments"] if isinstance(f["arguments"], str) else json.dumps(f["arguments"])
-                out.append('<｜DSML｜function_calls>\\n<｜DSML｜invoke name="' + f["name"] + '">' + args)
+                args = f["arguments"]
+                args = args if isinstance(args, str) else json.dumps(args)
+                out.append('<｜DSML｜function_calls>\\n<｜DSML｜invoke name="'
+                           + f["name"] + '">' + args)
         out.append("assistant:" + ("<think>" if thinking_mode == "thinking" else "</think>"))
         return "\\n".join(out)
     '''
@@ -136,7 +142,8 @@ def test_a_model_side_python_encoder(tmp_path):
     enc = load_chat_encoder(tmp_path / "model")
     assert isinstance(enc, PythonChatEncoder)
     # keywords the encoder does not take are not passed (a Python encoder would raise)
-    prompt = enc.render([{"role": "user", "content": "hi"}], response_format={"type": "text"}, tool_choice="auto")
+    prompt = enc.render([{"role": "user", "content": "hi"}], response_format={"type": "text"},
+                        tool_choice="auto")
     assert prompt.endswith("<think>")
     probe = render_probe_prompt(enc)
     assert "TOOLS" in probe and json.dumps("get_weather") in probe

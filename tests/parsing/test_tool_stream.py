@@ -19,7 +19,8 @@ from tests.parsing.toy_format import ToyFormat
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
     {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
 ]
 
@@ -91,7 +92,8 @@ def test_without_parallel_calls_only_the_first_permitted_call_goes_out(size):
     text = ('Ok.<call>get_weather {"city": "Oslo"}</call><call>search {"q": 1}</call> then'
             '<call>get_weather {"city": "Rome"}</call> done')
     choice = {"type": "function", "function": {"name": "search"}}
-    for tool_choice, want in ((None, [("get_weather", {"city": "Oslo"})]), (choice, [("search", {"q": 1})])):
+    cases = ((None, [("get_weather", {"city": "Oslo"})]), (choice, [("search", {"q": 1})]))
+    for tool_choice, want in cases:
         content, calls, per_feed, st = run(text, size, tool_choice=tool_choice, parallel=False)
         assert (content, calls, st.suppressed) == ("Ok. then done", want, 2)
         starts = [e for evs in per_feed for e in evs if isinstance(e, ToolCallStart)]
@@ -102,8 +104,10 @@ def test_without_parallel_calls_only_the_first_permitted_call_goes_out(size):
 def test_the_name_goes_out_before_the_arguments_for_a_declared_tool():
     text = '<call>get_weather {"city": "' + "x" * 800 + '"}</call>'
     _, _, per_feed, _ = run(text, 8)
-    start = next(i for i, evs in enumerate(per_feed) if any(isinstance(e, ToolCallStart) for e in evs))
-    args = next(i for i, evs in enumerate(per_feed) if any(isinstance(e, ToolCallArguments) for e in evs))
+    def first(kind: type) -> int:
+        return next(i for i, evs in enumerate(per_feed) if any(isinstance(e, kind) for e in evs))
+
+    start, args = first(ToolCallStart), first(ToolCallArguments)
     assert start < 5 < args
 
 
@@ -134,7 +138,8 @@ def test_tool_choice_none_drops_the_call_not_the_answer(size):
     text = 'Sure.<call>get_weather {"city": "Paris"}</call> Anything else?'
     content, calls, per_feed, st = run(text, size, tool_choice="none")
     assert (content, calls, st.suppressed) == ("Sure. Anything else?", [], 1)
-    assert not any(isinstance(e, (ToolCallStart, ToolCallArguments)) for evs in per_feed for e in evs)
+    call_events = (ToolCallStart, ToolCallArguments)
+    assert not any(isinstance(e, call_events) for evs in per_feed for e in evs)
 
 
 def test_a_named_tool_choice_dispatches_only_that_tool():

@@ -44,7 +44,8 @@ class ToyFormat(ToolFormat):
             return None
         if not isinstance(args, dict):
             return None
-        return RegionParse([ToolCall(name, args)], 0, close + len(CLOSE) if close >= 0 else len(text))
+        end = close + len(CLOSE) if close >= 0 else len(text)
+        return RegionParse([ToolCall(name, args)], 0, end)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return f"{OPEN}{name} {json.dumps(arguments)}{CLOSE}"

@@ -17,7 +17,8 @@ from tests.reliability.conftest import API_KEY, SERVER_FLAGS
 
 pytestmark = pytest.mark.slow
 
-OPEN = {"/health", "/metrics", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN = {"/health", "/metrics", "/version", "/openapi.json", "/docs", "/docs/oauth2-redirect",
+        "/redoc"}
 NOT_IN_SCHEMA = {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/docs/oauth2-redirect"),
                  ("GET", "/redoc")}
 REFUSED = {
@@ -37,7 +38,8 @@ ACCEPTED = {
 
 def served_routes(base_url: str) -> set[tuple[str, str]]:
     schema = httpx.get(f"{base_url}/openapi.json", timeout=10).json()  # open: no key
-    return {(method.upper(), path) for path, ops in schema["paths"].items() for method in ops} | NOT_IN_SCHEMA
+    routes = {(method.upper(), path) for path, ops in schema["paths"].items() for method in ops}
+    return routes | NOT_IN_SCHEMA
 
 
 def call(base_url: str, method: str, path: str, headers: dict[str, str]) -> httpx.Response:

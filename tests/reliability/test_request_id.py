@@ -66,9 +66,11 @@ def test_same_id_from_two_clients_makes_two_engine_requests(server):
     body = {"prompt": "same id", "max_tokens": 16, "ignore_eos": True}
 
     async def both() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.base_url, headers={**AUTH, "X-Request-Id": rid},
+        headers = {**AUTH, "X-Request-Id": rid}
+        async with httpx.AsyncClient(base_url=server.base_url, headers=headers,
                                      timeout=60) as client:
-            return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(2)))
+            posts = (client.post("/v1/completions", json=body) for _ in range(2))
+            return await asyncio.gather(*posts)
 
     responses = asyncio.run(both())
     assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]

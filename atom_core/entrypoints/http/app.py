@@ -110,7 +110,8 @@ def build_app(
 
     def timed(response: Response, request_id: str) -> Response:
         if isinstance(response, StreamingResponse):
-            response.body_iterator = state["metrics"].timed_frames(request_id, response.body_iterator)
+            frames = response.body_iterator
+            response.body_iterator = state["metrics"].timed_frames(request_id, frames)
         return response
 
     @app.post("/v1/chat/completions")
@@ -154,9 +155,9 @@ def build_app(
         try:
             reply = await state["client"].control(command, timeout=stop_timeout)
         except asyncio.TimeoutError:  # TimeoutError itself from 3.11 on
-            return error_response(
-                EngineDeadError(f"{command} did not finish within {stop_timeout:g} s (ATOM_PROFILER_TIMEOUT)")
-            )
+            return error_response(EngineDeadError(
+                f"{command} did not finish within {stop_timeout:g} s (ATOM_PROFILER_TIMEOUT)"
+            ))
         if not reply.ok:
             return error_response(AtomError(reply.message), status=400)
         return JSONResponse({"status": "ok", "message": reply.message})

@@ -97,7 +97,10 @@ class BodySizeLimitMiddleware:
             if not message.get("more_body", False):
                 break
         # bytes.join lets go of the GIL while it copies: a large body is joined off the loop.
-        body = await anyio.to_thread.run_sync(b"".join, chunks) if size >= 1 << 20 else b"".join(chunks)
+        if size >= 1 << 20:
+            body = await anyio.to_thread.run_sync(b"".join, chunks)
+        else:
+            body = b"".join(chunks)
         delivered = False
 
         async def buffered_receive() -> Message:

@@ -37,27 +37,39 @@ class ServerMetrics:
             return Counter(name, doc, labels, registry=r).labels(model_name)
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=r).labels(model_name)
+            metric = Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=r)
+            return metric.labels(model_name)
 
         self.running = gauge("atom:num_requests_running", "Requests in the running batch")
         self.waiting = gauge("atom:num_requests_waiting", "Requests waiting to be scheduled")
-        self.kv_usage = gauge("atom:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)")
-        self.prefix_hit_rate = gauge("atom:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens")
-        self.prefix_queries = counter("atom:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
-        self.prefix_hits = counter("atom:prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.kv_usage = gauge(
+            "atom:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1)"
+        )
+        self.prefix_hit_rate = gauge(
+            "atom:prefix_cache_hit_rate", "Prefix-cache hits / queries, in tokens"
+        )
+        self.prefix_queries = counter(
+            "atom:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
+        )
+        self.prefix_hits = counter(
+            "atom:prefix_cache_hits", "Prompt tokens found in the prefix cache"
+        )
         self.prompt_tokens = counter("atom:prompt_tokens", "Prefill tokens computed")
         self.generation_tokens = counter("atom:generation_tokens", "Tokens generated")
         self.preemptions = counter("atom:num_preemptions", "Sequences preempted (recomputed)")
         self.requests_success = Counter(
-            "atom:request_success", "Finished requests by finish reason", ["model_name", "finished_reason"],
-            registry=r,
+            "atom:request_success", "Finished requests by finish reason",
+            ["model_name", "finished_reason"], registry=r,
         )
         self.ttft = histogram("atom:time_to_first_token_seconds", "Time to first token")
-        self.tpot = histogram("atom:time_per_output_token_seconds", "Time per output token after the first")
+        self.tpot = histogram(
+            "atom:time_per_output_token_seconds", "Time per output token after the first"
+        )
         self.e2e = histogram("atom:e2e_request_latency_seconds", "End-to-end request latency")
         self.silence = Gauge(
             "atom:stream_longest_silence_seconds",
-            "Age of the oldest gap in flight between SSE frames of any stream (first frame excluded)",
+            "Age of the oldest gap in flight between SSE frames of any stream "
+            "(first frame excluded)",
             labels, registry=r,
         ).labels(model_name)
         self.silence.set_function(self.longest_silence)
@@ -69,7 +81,8 @@ class ServerMetrics:
         self.running.set(s.num_running)
         self.waiting.set(s.num_waiting)
         self.kv_usage.set(s.kv_cache_usage)
-        self.prefix_hit_rate.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
+        queries = s.prefix_cache_queries
+        self.prefix_hit_rate.set(s.prefix_cache_hits / queries if queries else 0.0)
         self.prefix_queries.inc(s.prefix_cache_queries - self._seen_queries)
         self.prefix_hits.inc(s.prefix_cache_hits - self._seen_hits)
         self.preemptions.inc(s.num_preemptions - self._seen_preemptions)
@@ -93,7 +106,9 @@ class ServerMetrics:
         now = time.monotonic()
         return max((now - t for _, t in self._last_frame.values()), default=0.0)
 
-    async def timed_frames(self, request_id: str, frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    async def timed_frames(
+        self, request_id: str, frames: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
         """Pass SSE frames through, timing the gap before each one after the first."""
         key = id(frames)
         try:

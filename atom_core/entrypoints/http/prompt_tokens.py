@@ -68,7 +68,8 @@ def byte_chars() -> dict[int, str]:
     """The character a byte-level BPE writes each byte as (GPT-2's table, which
     ``tokenizers``' ByteLevel uses): printable bytes stand for themselves, the rest are
     shifted past U+0100."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
     shifted = [b for b in range(256) if b not in kept]
     return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
 
@@ -163,7 +164,8 @@ class PromptTokenizer:
         direct = (
             backend is not None and hasattr(backend, "encode_batch_fast")
             and backend.truncation is None and backend.padding is None
-            and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))
+            and backend.encode_special_tokens
+            == bool(getattr(tokenizer, "split_special_tokens", False))
         )
         self._backend = backend if direct else None
 
@@ -177,7 +179,9 @@ class PromptTokenizer:
         if at_least is not None:
             raise context_error(max_model_len, at_least, param, at_least=True)
 
-    def encode(self, text: str, add_special_tokens: bool, max_model_len: int, param: str) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool, max_model_len: int, param: str
+    ) -> list[int]:
         """The ids of ``text``; InvalidRequestError when they would fill ``max_model_len``."""
         self.refuse_beyond([text], max_model_len, param)
         if self._backend is None:

@@ -54,7 +54,9 @@ def json_arguments(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, dict) else None
 
 
-def first_of(text: str, needles: tuple[str, ...], start: int, end: int | None = None) -> tuple[int, str]:
+def first_of(
+    text: str, needles: tuple[str, ...], start: int, end: int | None = None
+) -> tuple[int, str]:
     """The earliest of ``needles`` in ``text[start:end]``: (index, needle), or (-1, "")."""
     best, which = -1, ""
     for n in needles:

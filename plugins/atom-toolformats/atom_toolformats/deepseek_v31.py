@@ -1,4 +1,5 @@
-"""DeepSeek-V3.1: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜><｜tool▁calls▁end｜>``.
+"""DeepSeek-V3.1: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}``
+``<｜tool▁call▁end｜><｜tool▁calls▁end｜>``.
 
 The call's own closer is ``<｜tool▁call▁end｜>``; the next call opens with
 ``<｜tool▁call▁begin｜>`` and ``<｜tool▁calls▁end｜>`` is the wrapper's. The name is
@@ -22,7 +23,8 @@ class DeepSeekV31Format(ToolFormat):
     START_MARKERS = (CALLS, CALL)
     CALL_SELF_CLOSERS = (CALL_END,)
     WRAPPER_CLOSERS = (CALLS_END,)
-    # V3/R1 write "function<｜tool▁sep｜>NAME\n```json": the JSON right after the separator is V3.1's.
+    # V3/R1 write "function<｜tool▁sep｜>NAME\n```json": the JSON right after the separator
+    # is V3.1's.
     TEMPLATE_SIGNATURE = (CALLS, SEP + "{")
     DETECT_PRIORITY = 10
 
@@ -51,4 +53,5 @@ class DeepSeekV31Format(ToolFormat):
         return RegionParse([ToolCall(name, args)], 0, stop)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return f"{CALLS}{CALL}{name}{SEP}{json.dumps(arguments, ensure_ascii=False)}{CALL_END}{CALLS_END}"
+        args = json.dumps(arguments, ensure_ascii=False)
+        return f"{CALLS}{CALL}{name}{SEP}{args}{CALL_END}{CALLS_END}"

@@ -65,7 +65,8 @@ class DsmlFormat(ToolFormat):
             args = {}
             for attrs, value in read_params(inv.body, TAGS):
                 if attrs.get("name"):
-                    args[attrs["name"]] = json_value(value) if attrs.get("string") == "false" else value
+                    as_json = attrs.get("string") == "false"
+                    args[attrs["name"]] = json_value(value) if as_json else value
             inv.call.arguments = args
         return RegionParse([inv.call], 0, inv.stop)
 
@@ -73,7 +74,8 @@ class DsmlFormat(ToolFormat):
         params = "".join(
             f'{TAGS.param} name="{k}" string="true">{v}{TAGS.param_close}\n'
             if isinstance(v, str)
-            else f'{TAGS.param} name="{k}" string="false">{json.dumps(v, ensure_ascii=False)}{TAGS.param_close}\n'
+            else f'{TAGS.param} name="{k}" string="false">'
+            f"{json.dumps(v, ensure_ascii=False)}{TAGS.param_close}\n"
             for k, v in arguments.items()
         )
         return f'{WRAP}\n{TAGS.invoke_marker}"{name}">\n{params}{TAGS.invoke_close}\n{WRAP_CLOSE}'

@@ -66,6 +66,7 @@ class GlmFormat(ToolFormat):
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         pairs = "".join(
-            f"{KEY}{k}{KEY_CLOSE}\n{VALUE}{render_value(v)}{VALUE_CLOSE}\n" for k, v in arguments.items()
+            f"{KEY}{k}{KEY_CLOSE}\n{VALUE}{render_value(v)}{VALUE_CLOSE}\n"
+            for k, v in arguments.items()
         )
         return f"{OPEN}{name}\n{pairs}{CLOSE}"

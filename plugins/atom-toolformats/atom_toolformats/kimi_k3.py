@@ -46,10 +46,12 @@ class KimiK3Format(ToolFormat):
         args = json_arguments(read[0]) if read is not None else None
         if args is None:
             return None
-        return RegionParse([ToolCall(name, args)], 0, close + len(tok.CALL_CLOSE) if close >= 0 else len(text))
+        end = close + len(tok.CALL_CLOSE) if close >= 0 else len(text)
+        return RegionParse([ToolCall(name, args)], 0, end)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
-        return f"{tok.CALL_OPEN}{name}{tok.SEP}{json.dumps(arguments, ensure_ascii=False)}{tok.CALL_CLOSE}"
+        args = json.dumps(arguments, ensure_ascii=False)
+        return f"{tok.CALL_OPEN}{name}{tok.SEP}{args}{tok.CALL_CLOSE}"
 
 
 class KimiK3Dialect(ReasoningDialect):

@@ -1,4 +1,5 @@
-"""MiniMax-M2: ``<minimax:tool_call><invoke name="X"><parameter name="p">v</parameter></invoke></minimax:tool_call>``.
+"""MiniMax-M2: ``<minimax:tool_call><invoke name="X"><parameter name="p">v</parameter>``
+``</invoke></minimax:tool_call>``.
 
     <minimax:tool_call>
     <invoke name="get_weather">
@@ -38,9 +39,13 @@ class MiniMaxFormat(ToolFormat):
         if inv is None:
             return None
         if inv.call.arguments is not None:
-            inv.call.arguments = {a["name"]: v for a, v in read_params(inv.body, TAGS) if a.get("name")}
+            params = read_params(inv.body, TAGS)
+            inv.call.arguments = {a["name"]: v for a, v in params if a.get("name")}
         return RegionParse([inv.call], 0, inv.stop)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
-        params = "".join(f'{TAGS.param} name="{k}">{render_value(v)}{TAGS.param_close}\n' for k, v in arguments.items())
+        params = "".join(
+            f'{TAGS.param} name="{k}">{render_value(v)}{TAGS.param_close}\n'
+            for k, v in arguments.items()
+        )
         return f'{WRAP}\n{TAGS.invoke_marker}"{name}">\n{params}{TAGS.invoke_close}\n{WRAP_CLOSE}'

@@ -1,4 +1,5 @@
-"""Qwen3-Coder's XML: ``<tool_call><function=NAME><parameter=P>…</parameter></function></tool_call>``.
+"""Qwen3-Coder's XML:
+``<tool_call><function=NAME><parameter=P>…</parameter></function></tool_call>``.
 
     <tool_call>
     <function=get_weather>
@@ -79,5 +80,7 @@ class QwenCoderFormat(ToolFormat):
         return RegionParse([ToolCall(name, read_parameters(text[gt + 1 : body_end]))], 0, stop)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
-        params = "".join(f"<parameter={k}>\n{render_value(v)}\n</parameter>\n" for k, v in arguments.items())
+        params = "".join(
+            f"<parameter={k}>\n{render_value(v)}\n</parameter>\n" for k, v in arguments.items()
+        )
         return f"{OPEN}\n{FN}{name}>\n{params}{FN_CLOSE}\n{WRAP_CLOSE}"

@@ -13,7 +13,9 @@ from atom_core.parsing.response import ResponseParser
 ARGS = {"city": "Paris", "days": 3, "units": {"temp": "C"}}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object",
-    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "object"}},
+    "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "object"},
+    },
 }}}]
 
 
@@ -47,7 +49,8 @@ def test_a_cut_call_yields_valid_json(fmt):
 
 
 def test_two_calls_in_a_row(fmt):
-    text = fmt.render_call("get_weather", {"city": "A"}) + "\n" + fmt.render_call("get_weather", {"city": "B"})
+    first, second = (fmt.render_call("get_weather", {"city": c}) for c in "AB")
+    text = first + "\n" + second
     res = ResponseParser(fmt).read_whole(text, tools=TOOLS)
     assert [json.loads(c.arguments)["city"] for c in res.tool_calls] == ["A", "B"]
     assert res.content == ""

@@ -53,7 +53,8 @@ def post(target: FastAPI | Any, path: str, body: dict[str, Any] | bytes) -> http
     async def go() -> httpx.Response:
         async with async_client(app) as client:
             if isinstance(body, bytes):
-                return await client.post(path, content=body, headers={"content-type": "application/json"})
+                headers = {"content-type": "application/json"}
+                return await client.post(path, content=body, headers=headers)
             return await client.post(path, json=body)
 
     return asyncio.run(go())

@@ -80,7 +80,8 @@ def test_tools_and_chat_template_kwargs_reach_the_template():
 def test_past_tool_calls_reach_the_template_with_object_arguments():
     template = (
         "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}"
-        "{% for c in m.get('tool_calls', []) %}[{{ c.function.name }} {{ c.function.arguments | tojson }}]"
+        "{% for c in m.get('tool_calls', []) %}"
+        "[{{ c.function.name }} {{ c.function.arguments | tojson }}]"
         "{% endfor %}\n{% endfor %}"
     )
     engine = FakeEngineClient(chat_template=template)
@@ -169,7 +170,8 @@ def test_chat_logprobs_shape():
     events = sse_events(post(FakeEngineClient(), "/v1/chat/completions", {**body, "stream": True}))
     # The role frame and the finish frame carry none of their own.
     streamed = [
-        lp for e in events[:-1] for ch in e["choices"] if ch["logprobs"] for lp in ch["logprobs"]["content"]
+        lp for e in events[:-1] for ch in e["choices"] if ch["logprobs"]
+        for lp in ch["logprobs"]["content"]
     ]
     assert streamed == content
 
@@ -230,7 +232,8 @@ BAD_CHAT = [
     ({"model": "gpt-4", "messages": USER}, 404, "model"),
     # Known fields that would constrain what is generated: refused, not ignored.
     ({"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
-    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
+    ({"messages": USER,
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400,
      "response_format"),
     ({"messages": USER, "logit_bias": {"42": -100}}, 400, "logit_bias"),
     ({"messages": USER, "guided_json": {"type": "object"}}, 400, "guided_json"),
@@ -273,8 +276,8 @@ def test_bad_chat_requests_get_their_status_and_the_openai_shape(body, status, p
 def test_the_defaults_of_refused_fields_are_accepted():
     # What asks for nothing passes: text output, an empty bias; other unknown fields too.
     engine = FakeEngineClient()
-    body = {"messages": USER, "response_format": {"type": "text"}, "logit_bias": {}, "modalities": ["text"],
-            "some_new_field": 1}
+    body = {"messages": USER, "response_format": {"type": "text"}, "logit_bias": {},
+            "modalities": ["text"], "some_new_field": 1}
     assert post(engine, "/v1/chat/completions", body).status_code == 200
     assert len(engine.calls) == 1
 
@@ -368,7 +371,8 @@ async def _stream_then_disconnect(
         "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
         "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
         "query_string": b"", "root_path": "", "client": ("test", 1), "server": ("test", 80),
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(len(raw)).encode())],
     }  # fmt: skip
     frames: list[bytes] = []
     enough = asyncio.Event()

@@ -27,7 +27,8 @@ from tests.tiny_tokenizer import CHAT_TEMPLATE
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                    "required": ["city"]}}},
     {"type": "function", "function": {"name": "get_time", "description": "Time in a zone",
      "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}},
 ]
@@ -65,7 +66,9 @@ def accumulate(events: list[Any]) -> dict[str, Any]:
                 if "id" in tc:
                     assert "id" not in call, "a call's id is sent once"
                     call.update(id=tc["id"], type=tc["type"], name=fn["name"])
-                    assert fn["arguments"] == "" and call["arguments"] == "", "the name precedes the arguments"
+                    assert fn["arguments"] == "" and call["arguments"] == "", (
+                        "the name precedes the arguments"
+                    )
                 else:
                     assert "name" not in fn
                 call["arguments"] += fn.get("arguments") or ""
@@ -89,7 +92,8 @@ def test_tool_calls_reasoning_and_the_answer_after_them(qwen3):
     assert message["content"] == "\n\n" + EXPLANATION
     calls = message["tool_calls"]
     assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
-    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}, {"tz": "Europe/Rome"}]
+    arguments = [json.loads(c["function"]["arguments"]) for c in calls]
+    assert arguments == [{"city": "Paris"}, {"tz": "Europe/Rome"}]
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
     assert len({c["id"] for c in calls}) == 2
 
@@ -114,7 +118,8 @@ def test_stream_agrees_with_non_stream_byte_for_byte(qwen3, chunk):
     kinds = []
     for e in events[:-1]:
         delta = e["choices"][0]["delta"]
-        kind = next((k for k in ("reasoning_content", "tool_calls", "content") if delta.get(k)), None)
+        kinds_here = ("reasoning_content", "tool_calls", "content")
+        kind = next((k for k in kinds_here if delta.get(k)), None)
         if kind and (not kinds or kinds[-1] != kind):
             kinds.append(kind)
     assert kinds[0] == "reasoning_content" and kinds[-1] == "content" and "tool_calls" in kinds
@@ -125,14 +130,15 @@ def test_a_request_without_tools_reads_as_tool_choice_none(qwen3):
     assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"] is None
     assert EXPLANATION in choice["message"]["content"]
     assert "<tool_call>" not in choice["message"]["content"]  # the format is still read
-    events = sse_events(post(make_app(engine(qwen3)), "/v1/chat/completions", {"messages": USER, "stream": True}))
+    body = {"messages": USER, "stream": True}
+    events = sse_events(post(make_app(engine(qwen3)), "/v1/chat/completions", body))
     got = accumulate(events)
     assert got["calls"] == [] and got["content"] == choice["message"]["content"]
 
 
 def test_named_tool_choice_dispatches_only_that_tool(qwen3):
-    choice = full_message(qwen3, {"messages": USER, "tools": TOOLS,
-                                  "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    named = {"type": "function", "function": {"name": "get_time"}}
+    choice = full_message(qwen3, {"messages": USER, "tools": TOOLS, "tool_choice": named})
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_time"]
 
 
@@ -142,14 +148,18 @@ def test_tool_choice_none_suppresses_dispatch_not_the_answer(qwen3):
     assert EXPLANATION in choice["message"]["content"]
 
 
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "x"}}])
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "x"}}]
+)
 def test_requiring_a_call_without_tools_is_a_400(qwen3, tool_choice):
-    r = post(make_app(engine(qwen3)), "/v1/chat/completions", {"messages": USER, "tool_choice": tool_choice})
+    body = {"messages": USER, "tool_choice": tool_choice}
+    r = post(make_app(engine(qwen3)), "/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 
 
 def test_a_named_tool_that_is_not_declared_is_a_400(qwen3):
-    body = {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}
+    named = {"type": "function", "function": {"name": "nope"}}
+    body = {"messages": USER, "tools": TOOLS, "tool_choice": named}
     r = post(make_app(engine(qwen3)), "/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 
@@ -178,8 +188,10 @@ def test_thinking_off_is_answered_in_the_prompt(qwen3, knob):
     assert r.json()["choices"][0]["message"]["content"] == "Hi there."
 
 
-@pytest.mark.parametrize("knob", [{}, {"thinking": {"type": "enabled"}}, {"enable_thinking": True},
-                                  {"enable_thinking": False, "chat_template_kwargs": {"enable_thinking": True}}])
+@pytest.mark.parametrize("knob", [
+    {}, {"thinking": {"type": "enabled"}}, {"enable_thinking": True},
+    {"enable_thinking": False, "chat_template_kwargs": {"enable_thinking": True}},
+])
 def test_thinking_on_or_absent_leaves_the_prompt_open(qwen3, knob):
     eng = engine(qwen3, reply="Hi.")
     post(make_app(eng), "/v1/chat/completions", {"messages": USER, **knob})
@@ -187,7 +199,8 @@ def test_thinking_on_or_absent_leaves_the_prompt_open(qwen3, knob):
 
 
 def test_thinking_of_a_bad_shape_is_a_400(qwen3):
-    r = post(make_app(engine(qwen3)), "/v1/chat/completions", {"messages": USER, "thinking": {"type": "on"}})
+    body = {"messages": USER, "thinking": {"type": "on"}}
+    r = post(make_app(engine(qwen3)), "/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking"
 
 
@@ -205,8 +218,8 @@ def test_without_a_template_switch_disabled_thinking_is_withheld(stream):
         message = r.json()["choices"][0]["message"]
         assert (message["content"], message["reasoning_content"]) == ("The answer.", None)
     # Not asked: the model's default stands, and its reasoning is delivered.
-    r = post(make_app(ScriptedEngine("<think>musing</think>The answer.", chat_template=CHAT_TEMPLATE)),
-             "/v1/chat/completions", {"messages": USER})
+    scripted = ScriptedEngine("<think>musing</think>The answer.", chat_template=CHAT_TEMPLATE)
+    r = post(make_app(scripted), "/v1/chat/completions", {"messages": USER})
     assert r.json()["choices"][0]["message"]["reasoning_content"] == "musing"
 
 
@@ -219,9 +232,13 @@ def test_the_openai_sdk_accumulates_the_same_calls(qwen3):
     async def go() -> tuple[Any, Any]:
         app = make_app(engine(qwen3, chunk=4))
         async with async_client(app) as http:
-            client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="x", http_client=http, max_retries=0)
+            client = openai.AsyncOpenAI(
+                base_url="http://test/v1", api_key="x", http_client=http, max_retries=0
+            )
             full = await client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS)
-            stream = await client.chat.completions.create(model=MODEL, messages=USER, tools=TOOLS, stream=True)
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=USER, tools=TOOLS, stream=True
+            )
             calls: dict[int, dict[str, str]] = {}
             content = ""
             async for chunk in stream:
@@ -236,7 +253,9 @@ def test_the_openai_sdk_accumulates_the_same_calls(qwen3):
     full, (content, calls) = asyncio.run(go())
     message = full.choices[0].message
     assert content == message.content
-    assert calls == [{"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]
+    assert calls == [
+        {"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls
+    ]
     assert full.choices[0].finish_reason == "tool_calls"
     assert message.model_extra["reasoning_content"] == REASONING
 

@@ -27,8 +27,10 @@ from tests.tiny_tokenizer import CHAT_TEMPLATE
 
 TOOLS = [
     {"name": "get_weather", "description": "Weather in a city",
-     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
-    {"name": "get_time", "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}}}},
+     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"]}},
+    {"name": "get_time",
+     "input_schema": {"type": "object", "properties": {"tz": {"type": "string"}}}},
 ]
 USER = [{"role": "user", "content": "Weather in Paris and the time in Rome?"}]
 REASONING = "Two tools, then explain."
@@ -109,11 +111,13 @@ def test_non_streamed_message(qwen3):
 @pytest.mark.parametrize("chunk", [1, 2, 7, 100_000])
 def test_stream_events_in_order_and_folding_to_the_message(qwen3, chunk):
     full = post(app_for(qwen3, chunk=chunk)[0], "/v1/messages", BODY).json()
-    events = events_of(post(app_for(qwen3, chunk=chunk)[0], "/v1/messages", {**BODY, "stream": True}))
+    streamed = post(app_for(qwen3, chunk=chunk)[0], "/v1/messages", {**BODY, "stream": True})
+    events = events_of(streamed)
     names = [n for n, _ in events]
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
     start = events[0][1]["message"]
-    assert start["content"] == [] and start["stop_reason"] is None and start["id"].startswith("msg_")
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["id"].startswith("msg_")
     # blocks: start, deltas, stop, one at a time
     open_index = None
     for name, e in events[1:-2]:
@@ -162,12 +166,14 @@ def test_without_a_switch_disabled_thinking_blocks_are_withheld(stream):
     for reply, content in [("<think>hm</think>Fine.", [{"type": "text", "text": "Fine."}]),
                            ("<think>only musing", [{"type": "text", "text": ""}])]:
         app, _ = app_for(CHAT_TEMPLATE, reply=reply)
-        r = post(app, "/v1/messages", {**BODY, "tools": None, "thinking": {"type": "disabled"}, "stream": stream})
+        body = {**BODY, "tools": None, "thinking": {"type": "disabled"}, "stream": stream}
+        r = post(app, "/v1/messages", body)
         blocks = fold(events_of(r)) if stream else r.json()["content"]
         assert blocks == content
     app, _ = app_for(CHAT_TEMPLATE, reply="<think>hm</think>Fine.")
     blocks = post(app, "/v1/messages", {**BODY, "tools": None}).json()["content"]
-    assert blocks == [{"type": "thinking", "thinking": "hm", "signature": ""}, {"type": "text", "text": "Fine."}]
+    assert blocks == [{"type": "thinking", "thinking": "hm", "signature": ""},
+                      {"type": "text", "text": "Fine."}]
 
 
 def test_tool_choice_none_gives_no_tool_use(qwen3):
@@ -180,7 +186,8 @@ def test_tool_choice_none_gives_no_tool_use(qwen3):
 
 def test_tool_choice_tool_dispatches_only_that_one(qwen3):
     app, _ = app_for(qwen3)
-    m = post(app, "/v1/messages", {**BODY, "tool_choice": {"type": "tool", "name": "get_time"}}).json()
+    body = {**BODY, "tool_choice": {"type": "tool", "name": "get_time"}}
+    m = post(app, "/v1/messages", body).json()
     assert [b["name"] for b in m["content"] if b["type"] == "tool_use"] == ["get_time"]
 
 
@@ -198,7 +205,8 @@ def test_stop_sequence_and_max_tokens(qwen3):
 
 def test_sampling_fields_reach_the_engine(qwen3):
     app, eng = app_for(qwen3, reply="ok")
-    post(app, "/v1/messages", {**BODY, "temperature": 0.2, "top_p": 0.9, "top_k": 5, "metadata": {"user_id": "u"}})
+    post(app, "/v1/messages",
+         {**BODY, "temperature": 0.2, "top_p": 0.9, "top_k": 5, "metadata": {"user_id": "u"}})
     p = eng.params[0]
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (0.2, 0.9, 5, 200)
 
@@ -212,10 +220,12 @@ def test_blocks_of_past_turns_reach_the_template(qwen3):
             {"role": "assistant", "content": [
                 {"type": "thinking", "thinking": "need weather", "signature": "sig"},
                 {"type": "text", "text": "Checking."},
-                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                 "input": {"city": "Paris"}},
             ]},
             {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "Sunny"}]},
+                {"type": "tool_result", "tool_use_id": "toolu_1",
+                 "content": [{"type": "text", "text": "Sunny"}]},
                 {"type": "text", "text": "And now?"},
             ]},
         ],
@@ -224,7 +234,8 @@ def test_blocks_of_past_turns_reach_the_template(qwen3):
     assert post(app, "/v1/messages", body).status_code == 200
     prompt = eng.prompts[0]
     assert "Be brief." in prompt
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert f"<tool_call>\n{call}\n</tool_call>" in prompt
     assert "<tool_response>\nSunny\n</tool_response>" in prompt
     assert prompt.index("Sunny") < prompt.index("And now?")
     messages = chat_messages(MessagesRequest.model_validate(body))
@@ -241,10 +252,11 @@ def test_blocks_of_past_turns_reach_the_template(qwen3):
         ({**BODY, "tool_choice": {"type": "tool"}}, 400, "invalid_request_error"),
         ({**BODY, "tools": None, "tool_choice": {"type": "any"}}, 400, "invalid_request_error"),
         ({**BODY, "thinking": {"type": "sometimes"}}, 400, "invalid_request_error"),
-        ({**BODY, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
-         "invalid_request_error"),
+        ({**BODY, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+         400, "invalid_request_error"),
         ({**BODY, "messages": [{"role": "assistant", "content": [
-            {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}, 400, "invalid_request_error"),
+            {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]},
+         400, "invalid_request_error"),
         ({**BODY, "max_tokens": 0}, 400, "invalid_request_error"),
         ({**BODY, "messages": []}, 400, "invalid_request_error"),
         ({**BODY, "max_tokens": 2**63}, 400, "invalid_request_error"),
@@ -254,9 +266,10 @@ def test_blocks_of_past_turns_reach_the_template(qwen3):
         ({**BODY, "tools": [{"name": "f", "input_schema": {"type": "object", "required": 1}}]}, 400,
          "invalid_request_error"),
         ({**BODY, "messages": [{"role": "user", "content": [
-            {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, 400, "invalid_request_error"),
-        (b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "\\ud800"}]}', 400,
-         "invalid_request_error"),
+            {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+         400, "invalid_request_error"),
+        (b'{"model": "m", "max_tokens": 5, '
+         b'"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "invalid_request_error"),
     ],
 )
 def test_errors_are_anthropic_shaped(qwen3, body, status, kind):
@@ -284,8 +297,8 @@ def test_message_blocks_open_tool_use_on_arguments():
     assert blocks.feed([ToolCallStart(0, "toolu_a", "f")]) == []  # the name alone opens nothing
     out = blocks.feed([ToolCallArguments(0, '{"x": 1}'), ContentDelta("after")])
     kinds = [type(e).__name__ for e in out]
-    assert kinds == ["ContentBlockStart", "ContentBlockDelta", "ContentBlockStop", "ContentBlockStart",
-                     "ContentBlockDelta"]
+    assert kinds == ["ContentBlockStart", "ContentBlockDelta", "ContentBlockStop",
+                     "ContentBlockStart", "ContentBlockDelta"]
     assert blocks.called
     hidden = MessageBlocks(show_thinking=False)
     assert hidden.feed([ReasoningDelta("x")]) == []
@@ -305,8 +318,11 @@ def test_the_anthropic_sdk_stream_matches_the_message(qwen3):
     async def go():
         app, _ = app_for(qwen3, chunk=5)
         http_lib = sdk_http_lib()
-        async with http_lib.AsyncClient(transport=http_lib.ASGITransport(app), base_url="http://test") as http:
-            client = anthropic.AsyncAnthropic(base_url="http://test", api_key="x", http_client=http, max_retries=0)
+        transport = http_lib.ASGITransport(app)
+        async with http_lib.AsyncClient(transport=transport, base_url="http://test") as http:
+            client = anthropic.AsyncAnthropic(
+                base_url="http://test", api_key="x", http_client=http, max_retries=0
+            )
             full = await client.messages.create(**BODY)
             async with client.messages.stream(**BODY) as stream:
                 kinds = [event.type async for event in stream]

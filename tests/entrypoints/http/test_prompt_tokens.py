@@ -126,14 +126,18 @@ def test_the_direct_call_gives_transformers_ids(which, special, tokenizer_kinds)
     pt = PromptTokenizer(tok)
     assert pt._backend is not None  # the fast path is the one under test
     for text in SAMPLES + _random_texts(50, seed=1):
-        assert pt.encode(text, special, 10**6, "prompt") == tok.encode(text, add_special_tokens=special)
+        expected = tok.encode(text, add_special_tokens=special)
+        assert pt.encode(text, special, 10**6, "prompt") == expected
 
 
 def test_a_prompt_beyond_the_context_is_refused_before_tokenizing():
     pt = PromptTokenizer(tiny_tokenizer())
     calls = []
     pt._backend = None  # what is called is then tokenizer.encode: record it
-    pt.tokenizer = type("T", (), {"encode": lambda self, t, **kw: calls.append(t) or [1] * len(t)})()
+    def encode(self, t, **kw):
+        return calls.append(t) or [1] * len(t)
+
+    pt.tokenizer = type("T", (), {"encode": encode})()
     with pytest.raises(InvalidRequestError, match="at least") as err:
         pt.encode("x" * (pt.bound.longest * 256), False, 256, "prompt")
     assert err.value.param == "prompt" and calls == []
@@ -162,8 +166,10 @@ def test_off_loop_runs_on_a_worker_thread():
 
 def test_trimmed_len_is_the_stripped_length_without_copying_the_middle():
     rng = random.Random(2)
-    cases = ["", " ", "a", " a ", "\u3000x\x1c", "a" * 100 + " " * 1000, " " * 5000, "x" + " " * 200 + "y "]
-    cases += ["".join(rng.choice(" \t\nab\u3000") for _ in range(rng.randint(0, 300))) for _ in range(500)]
+    cases = ["", " ", "a", " a ", "\u3000x\x1c", "a" * 100 + " " * 1000, " " * 5000,
+             "x" + " " * 200 + "y "]
+    cases += ["".join(rng.choice(" \t\nab\u3000") for _ in range(rng.randint(0, 300)))
+              for _ in range(500)]
     for text in cases:
         assert trimmed_len(text) == len(text.strip()), repr(text)
 
@@ -179,13 +185,15 @@ def test_user_text_beyond_the_context_is_refused_before_the_template_runs():
     longest = chat.tokens.bound.longest
 
     def render(content: str, role: str = "user") -> tuple[str, list[int]]:
-        return chat._render_prompt([{"role": role, "content": content}], None, {"add_generation_prompt": True})
+        messages = [{"role": role, "content": content}]
+        return chat._render_prompt(messages, None, {"add_generation_prompt": True})
 
     with pytest.raises(InvalidRequestError, match="at least") as err:
         render("x" * (longest * 64))
     assert err.value.param == "messages" and rendered == []
     # Whitespace a template may trim does not count; other roles' text is rendered first.
-    for content, role in ((" " * (longest * 64) + "hi", "user"), ("x" * (longest * 64), "assistant")):
+    cases = ((" " * (longest * 64) + "hi", "user"), ("x" * (longest * 64), "assistant"))
+    for content, role in cases:
         with pytest.raises(InvalidRequestError):
             render(content, role)
         assert rendered, role

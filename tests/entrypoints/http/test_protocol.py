@@ -238,7 +238,8 @@ def test_objects_are_tagged_and_chunks_omit_absent_fields():
     body = json.loads(encode_json(chunk))
     assert body["object"] == "chat.completion.chunk" and "usage" not in body
     assert body["choices"][0] == {
-        "index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None, "stop_reason": None,
+        "index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None,
+        "stop_reason": None,
     }  # fmt: skip
     models = json.loads(
         encode_json(ModelList(data=[ModelCard(id="m", created=0, max_model_len=8)]))

@@ -11,7 +11,10 @@ from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest
 from tests.entrypoints.http.scripted_engine import ScriptedEngine
 from tests.entrypoints.http.test_chat_tools import TOOLS, USER, qwen3  # noqa: F401
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + "P" * 60 + '"}}\n</tool_call>'
+CALL = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + "P" * 60
+    + '"}}\n</tool_call>'
+)
 
 
 class SlowEngine(ScriptedEngine):

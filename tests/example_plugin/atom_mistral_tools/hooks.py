@@ -29,7 +29,8 @@ class MistralToolFormat(ToolFormat):
         ):
             return None
         # The markup ends with the JSON; what follows is the answer's, handed back as content.
-        return RegionParse([ToolCall(c["name"], dict(c.get("arguments") or {})) for c in calls], end=end)
+        parsed = [ToolCall(c["name"], dict(c.get("arguments") or {})) for c in calls]
+        return RegionParse(parsed, end=end)
 
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         return MARKER + json.dumps([{"name": name, "arguments": arguments}])

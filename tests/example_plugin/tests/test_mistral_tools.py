@@ -15,4 +15,5 @@ def test_a_prefix_is_not_a_call_yet():
 
 
 def test_quoted_marker_is_not_a_call():
-    assert MistralToolFormat().parse_region("[TOOL_CALLS] is how Mistral calls tools", at_end=True) is None
+    text = "[TOOL_CALLS] is how Mistral calls tools"
+    assert MistralToolFormat().parse_region(text, at_end=True) is None

@@ -214,7 +214,8 @@ class MessageBlocks:
         for event in events:
             if isinstance(event, ContentDelta):
                 self._ensure(TextOut, out)
-                out.append(ContentBlockDelta(index=self.count - 1, delta=TextDelta(text=event.text)))
+                delta = TextDelta(text=event.text)
+                out.append(ContentBlockDelta(index=self.count - 1, delta=delta))
             elif isinstance(event, ReasoningDelta):
                 if self.show_thinking:
                     self._ensure(ThinkingOut, out)
@@ -227,7 +228,8 @@ class MessageBlocks:
                 self._close(out)
                 call_id, name = self._named.pop(event.index, (tool_use_id(), ""))
                 index = self._start(ToolUseOut(id=call_id, name=name, input=_EMPTY_INPUT), out)
-                out.append(ContentBlockDelta(index=index, delta=InputJsonDelta(partial_json=event.arguments)))
+                arguments = InputJsonDelta(partial_json=event.arguments)
+                out.append(ContentBlockDelta(index=index, delta=arguments))
                 out.append(ContentBlockStop(index=index))
                 self.called = True
         return out
@@ -311,7 +313,9 @@ class AnthropicServingMessages:
         check_request(prompt_ids, params, self.engine.max_model_len, param="messages")
         tool_choice, parallel = None, True
         if request.tool_choice is not None:
-            tool_choice = request.tool_choice.model_dump(include={"type", "name"}, exclude_none=True)
+            tool_choice = request.tool_choice.model_dump(
+                include={"type", "name"}, exclude_none=True
+            )
             parallel = not request.tool_choice.disable_parallel_tool_use
         reading = ReplyReading.build(
             self.chat.parser, prompt, tools, tool_choice, show_reasoning=show_thinking,
@@ -334,7 +338,9 @@ class AnthropicServingMessages:
         return MessageOut(id=job.request_id, model=self.engine.model_name, content=content,
                           stop_reason=reason, stop_sequence=sequence, usage=usage)
 
-    async def _full(self, request: MessagesRequest, job: EngineJob, reading: ReplyReading) -> Response:
+    async def _full(
+        self, request: MessagesRequest, job: EngineJob, reading: ReplyReading
+    ) -> Response:
         tally = ChoiceTally()
         async with aclosing(stream_deltas(self.engine, [job])) as deltas:
             async for _, delta in deltas:
@@ -365,8 +371,8 @@ class AnthropicServingMessages:
         except Exception as exc:
             yield _error_event(exc)
 
-    def _frames(self, request: MessagesRequest, job: EngineJob, tally: ChoiceTally, reader: ResponseReader,
-                blocks: MessageBlocks, delta: RequestDelta) -> bytes:
+    def _frames(self, request: MessagesRequest, job: EngineJob, tally: ChoiceTally,
+                reader: ResponseReader, blocks: MessageBlocks, delta: RequestDelta) -> bytes:
         out: list[StreamEvent] = []
         if not tally.started:
             # Sent with the first engine delta, not before: the wait for it is admission

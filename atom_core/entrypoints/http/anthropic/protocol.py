@@ -258,7 +258,8 @@ class MessageStop(msgspec.Struct, kw_only=True, tag_field="type", tag="message_s
 
 
 StreamEvent = (
-    MessageStart | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta | MessageStop
+    MessageStart | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta
+    | MessageStop
 )
 
 

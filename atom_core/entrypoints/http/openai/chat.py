@@ -132,7 +132,9 @@ def _arguments_as_object(call: Any) -> None:
             function["arguments"] = arguments
 
 
-def chat_encoder_for(engine: EngineClientAPI, model_path: str | Path | None = None) -> ChatEncoder | None:
+def chat_encoder_for(
+    engine: EngineClientAPI, model_path: str | Path | None = None
+) -> ChatEncoder | None:
     """What the start-up probes read and what a model-side encoder renders with: the
     model's own ``<model>/encoding/encoding_*.py`` when it ships one, else the Jinja
     template the handler renders (the GGUF's or the tokenizer's); None without either."""
@@ -209,8 +211,10 @@ class ReplyReading:
 
     def reader(self) -> ResponseReader:
         """Streaming: one per choice."""
-        return self.parser.reader(prompt=self.prompt, tools=self.tools, tool_choice=self.tool_choice,
-                                  make_id=self.make_id, parallel_tool_calls=self.parallel_tool_calls)
+        return self.parser.reader(
+            prompt=self.prompt, tools=self.tools, tool_choice=self.tool_choice,
+            make_id=self.make_id, parallel_tool_calls=self.parallel_tool_calls,
+        )
 
     def whole(self, text: str, finish_reason: str) -> ParsedResponse:
         """Not streaming: the same reader fed the whole text once."""
@@ -385,7 +389,9 @@ class OpenAIServingChat:
             message = ChatMessageOut(
                 # OpenAI's shape: a reply that only calls tools has content null.
                 content=parsed.content if parsed.content or not calls else None,
-                reasoning_content=(parsed.reasoning_content or None) if reading.show_reasoning else None,
+                reasoning_content=(
+                    (parsed.reasoning_content or None) if reading.show_reasoning else None
+                ),
                 tool_calls=calls or None,
             )
             logprobs = None
@@ -420,7 +426,8 @@ class OpenAIServingChat:
         top_n = request.top_logprobs or 0
 
         def frame(choice: ChatChunkChoice) -> bytes:
-            return data_frame(ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice]))
+            chunk = ChatCompletionChunk(id=rid, created=created, model=model, choices=[choice])
+            return data_frame(chunk)
 
         try:
             async with aclosing(stream_deltas(self.engine, jobs)) as deltas:
@@ -432,7 +439,8 @@ class OpenAIServingChat:
                     out: list[ChatChunkChoice] = []
                     if not tally.started:  # the first frame names the role, as OpenAI's does
                         tally.started = True
-                        out.append(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+                        role = ChatDelta(role="assistant", content="")
+                        out.append(ChatChunkChoice(index=i, delta=role))
                     events = reader.feed(delta.text)
                     if delta.finished:
                         events += reader.finish(delta.finish_reason or "stop")

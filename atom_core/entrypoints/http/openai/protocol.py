@@ -288,7 +288,8 @@ class _SamplingRequest(OpenAIRequest):
             asks = self.unsupported_fields.get(name)
             if asks is not None and asks(value):
                 raise InvalidRequestError(
-                    f"{name} is not supported by this server; leave it out (the output would not honour it)",
+                    f"{name} is not supported by this server; leave it out (the output "
+                    "would not honour it)",
                     param=name,
                 )
 
@@ -434,7 +435,8 @@ class CompletionRequest(_SamplingRequest):
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequestError(
-                f"best_of {self.best_of} is not supported: each choice is one candidate (best_of = n = {self.n})",
+                f"best_of {self.best_of} is not supported: each choice is one candidate "
+                f"(best_of = n = {self.n})",
                 param="best_of",
             )
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
