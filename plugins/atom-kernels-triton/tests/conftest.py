@@ -20,3 +20,8 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+def pytest_configure(config):
+    # The repository's pytest configuration declares it too; a copy of this folder has none.
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
