@@ -46,11 +46,15 @@ def pip_install(src: Path, target: Path) -> None:
     )
 
 
-def run_atom(args: list[str], pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+def run_atom(
+    args: list[str], pythonpath: Path | None = None, **env: str
+) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.update(env)
     if pythonpath is not None:
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")])
+        )
     return subprocess.run(
         [sys.executable, "-m", "atom_core.entrypoints.cli", *args],
         capture_output=True, text=True, env=full_env, timeout=300,

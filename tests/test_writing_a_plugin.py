@@ -33,11 +33,14 @@ def test_example_plugin_format_is_served_from_the_registry(site: Path):
     code = (
         "from atom_core.plugins import get_registries\n"
         "fmt = get_registries().tool_formats.get('mistral')()\n"
-        "[c] = fmt.parse_region('[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"x\": 1}}]', at_end=True)\n"
+        "[c] = fmt.parse_region("
+        "'[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"x\": 1}}]', at_end=True)\n"
         "print(c.name, c.arguments)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(site))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
     assert out.stdout.strip() == "f {'x': 1}"
 
 
@@ -45,8 +48,9 @@ def test_example_plugin_format_is_served_from_the_registry(site: Path):
 def test_example_plugin_own_tests_pass(site: Path):
     env = dict(os.environ, PYTHONPATH=str(site))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(EXAMPLE / "pyproject.toml"),
-         "--confcutdir", str(EXAMPLE), str(EXAMPLE / "tests")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-c", str(EXAMPLE / "pyproject.toml"), "--confcutdir", str(EXAMPLE),
+         str(EXAMPLE / "tests")],
         capture_output=True, text=True, env=env, cwd=EXAMPLE,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -21,7 +21,9 @@ PROMPTS = [
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     EngineArgs.add_cli_args(parser)
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -30,7 +32,8 @@ def main(argv: list[str] | None = None) -> None:
 
     llm = EngineArgs.from_cli_args(args).create_engine()
     prompts = [
-        llm.apply_chat_template([{"role": "user", "content": p}], enable_thinking=True) for p in PROMPTS
+        llm.apply_chat_template([{"role": "user", "content": p}], enable_thinking=True)
+        for p in PROMPTS
     ]
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
     llm.generate(["warmup"], SamplingParams(max_tokens=4))
@@ -41,10 +44,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nPrompt: {prompt!r}\nCompletion: {out['text']!r}")
         print(
             f"  tokens in/out: {out['num_tokens_input']}/{out['num_tokens_output']}  "
-            f"ttft: {out['ttft']:.3f}s  tpot: {out['tpot'] * 1000:.1f}ms  finish: {out['finish_reason']}"
+            f"ttft: {out['ttft']:.3f}s  tpot: {out['tpot'] * 1000:.1f}ms  "
+            f"finish: {out['finish_reason']}"
         )
     total = sum(o["num_tokens_output"] for o in outputs)
-    print(f"\n{len(outputs)} requests, {total} tokens in {elapsed:.2f}s ({total / elapsed:.1f} tok/s)")
+    print(
+        f"\n{len(outputs)} requests, {total} tokens in {elapsed:.2f}s "
+        f"({total / elapsed:.1f} tok/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -73,14 +73,17 @@ def test_bf16_agreement_reported(kind):
     same_hf = sum(a == b for g, r in zip(graph, ref) for a, b in zip(g, r))
     # Reported, not asserted: a graph pads the batch (3 rows -> 4), so its GEMMs may pick
     # other kernels than eager's, and bf16 greedy ties can break either way.
-    print(f"\nbf16 {kind}: graph==eager {same_eager}/{total} tokens, graph==transformers {same_hf}/{total}")
+    print(f"\nbf16 {kind}: graph==eager {same_eager}/{total} tokens, "
+          f"graph==transformers {same_hf}/{total}")
 
 
 def test_sampling_seeded_is_reproducible_in_graph_mode():
     path = tiny_model_dir("qwen3")
     engine = LLMEngine(str(path), enable_log_stats=False, device="cuda", dtype="float32",
-                       max_num_seqs=8, cudagraph_capture_sizes=[1, 2, 4, 8], num_gpu_blocks_override=256)
-    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7, max_tokens=16, ignore_eos=True)
+                       max_num_seqs=8, cudagraph_capture_sizes=[1, 2, 4, 8],
+                       num_gpu_blocks_override=256)
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7, max_tokens=16,
+                            ignore_eos=True)
     a = engine.generate(prompts(), params)
     b = engine.generate(prompts(), params)
     assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
@@ -94,8 +97,9 @@ def test_async_scheduling_equals_sync_in_graph_mode():
     greedy = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in lengths]
     seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=20, ignore_eos=True)
     sync, _ = engine_tokens(path, "float32", async_scheduling=False)
-    eng = LLMEngine(str(path), enable_log_stats=False, device="cuda", dtype="float32", max_num_seqs=8,
-                    cudagraph_capture_sizes=[1, 2, 4, 8], num_gpu_blocks_override=256, async_scheduling=True)
+    eng = LLMEngine(str(path), enable_log_stats=False, device="cuda", dtype="float32",
+                    max_num_seqs=8, cudagraph_capture_sizes=[1, 2, 4, 8],
+                    num_gpu_blocks_override=256, async_scheduling=True)
     ahead = []
     launch = eng.runner.launch
 
@@ -108,7 +112,8 @@ def test_async_scheduling_equals_sync_in_graph_mode():
     assert [o["token_ids"] for o in outs] == [s[:n] for s, n in zip(sync, lengths)]
     assert sum(ahead) >= 10
     ref = engine_tokens(path, "float32", async_scheduling=False)[1].generate(prompts(), seeded)
-    assert [o["token_ids"] for o in eng.generate(prompts(), seeded)] == [o["token_ids"] for o in ref]
+    run_ahead = eng.generate(prompts(), seeded)
+    assert [o["token_ids"] for o in run_ahead] == [o["token_ids"] for o in ref]
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
 
 
@@ -119,11 +124,13 @@ def test_mixed_steps_run_ahead_equal_sync():
     path = tiny_model_dir("qwen3")
     rng = random.Random(3)
     ps = [[rng.randrange(256) for _ in range(n)] for n in (5, 40, 17, 33, 9, 61)]
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (20, 7, 31, 12, 25, 16)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in (20, 7, 31, 12, 25, 16)]
     seeded = [SamplingParams(temperature=0.8, top_p=0.9, seed=5 + i, max_tokens=14, ignore_eos=True)
               for i in range(len(ps))]
     kw = dict(enable_log_stats=False, device="cuda", dtype="float32", max_num_seqs=4,
-              max_num_batched_tokens=24, cudagraph_capture_sizes=[1, 2, 4], num_gpu_blocks_override=256)
+              max_num_batched_tokens=24, cudagraph_capture_sizes=[1, 2, 4],
+              num_gpu_blocks_override=256)
     sync = LLMEngine(str(path), async_scheduling=False, **kw)
     eng = LLMEngine(str(path), async_scheduling=True, **kw)
     mixed_ahead = []
@@ -136,6 +143,7 @@ def test_mixed_steps_run_ahead_equal_sync():
 
     eng.runner.launch = spy
     for p in (params, seeded):
-        assert [o["token_ids"] for o in eng.generate(ps, p)] == [o["token_ids"] for o in sync.generate(ps, p)]
+        got = [o["token_ids"] for o in eng.generate(ps, p)]
+        assert got == [o["token_ids"] for o in sync.generate(ps, p)]
     assert sum(mixed_ahead) >= 10
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks

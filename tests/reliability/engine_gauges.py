@@ -57,13 +57,17 @@ def wait_until_running(base_url: str, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def send_raw(base_url: str, path: str, body: dict[str, Any], headers: dict[str, str]) -> socket.socket:
+def send_raw(
+    base_url: str, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> socket.socket:
     """POST ``body`` on a plain socket and return it unread: the caller hangs up by closing it."""
     host, port = base_url.removeprefix("http://").split(":")
     payload = json.dumps(body).encode()
     head = {"Host": host, "Content-Type": "application/json", "Content-Length": str(len(payload)),
             **headers}
-    request = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n"
+    request = (
+        f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n"
+    )
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.sendall(request.encode() + payload)
     return sock

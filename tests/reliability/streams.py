@@ -16,7 +16,9 @@ class StreamReader(threading.Thread):
     (monotonic time, payload): the parsed JSON of each ``data:`` frame, or "[DONE]";
     ``failure`` the exception that ended the read early (the connection closed), if any."""
 
-    def __init__(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(daemon=True)
         self.url, self.body, self.headers = url, body, headers or {}
         self.frames: list[tuple[float, Any]] = []
@@ -26,7 +28,9 @@ class StreamReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.url, json=self.body, headers=self.headers, timeout=120) as r:
+            with httpx.stream(
+                "POST", self.url, json=self.body, headers=self.headers, timeout=120
+            ) as r:
                 self.status = r.status_code
                 # Split on b"\n" only: httpx's iter_lines also splits on U+2028 and the like,
                 # which a random model's text holds.

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = MAX_MODEL_LEN - 40  # the prompts are shorter than 40 tokens
 USER = [{"role": "user", "content": "drop me"}]
 REQUESTS = {
-    "completions": ("/v1/completions", {"prompt": "drop me", "max_tokens": MAX_TOKENS, "ignore_eos": True}),
-    "chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": MAX_TOKENS, "ignore_eos": True}),
+    "completions": ("/v1/completions", {"prompt": "drop me", "max_tokens": MAX_TOKENS,
+                                        "ignore_eos": True}),
+    "chat": ("/v1/chat/completions", {"messages": USER, "max_tokens": MAX_TOKENS,
+                                      "ignore_eos": True}),
     # No ignore_eos in Anthropic's API: greedy, this prompt runs to max_tokens.
     "messages": ("/v1/messages", {"model": "tiny", "messages": USER, "max_tokens": MAX_TOKENS,
                                   "temperature": 0.0}),

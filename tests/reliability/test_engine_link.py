@@ -148,7 +148,8 @@ def test_the_engine_is_killed_with_its_parent_even_inside_a_long_call():
     )
     parent = (
         "import subprocess, sys; "
-        f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}], stdout=subprocess.PIPE, text=True); "
+        f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}], "
+        "stdout=subprocess.PIPE, text=True); "
         "assert p.stdout.readline() == 'ready\\n'; print(p.pid, flush=True); sys.stdin.read()"
     )
     proc = subprocess.Popen([sys.executable, "-c", parent], stdin=subprocess.PIPE,
@@ -185,7 +186,8 @@ def test_a_foreign_process_on_the_engine_link_gets_nothing_and_injects_nothing(s
         pulls = [foreign_socket(ctx, zmq.PULL, to_engine, curve) for curve in (False, True)]
         for curve in (False, True):
             to = foreign_socket(ctx, zmq.PUSH, to_engine, curve)
-            send_or_drop(to, encoder.encode(AddRequest("injected", [1, 2, 3], SamplingParams(max_tokens=4))))
+            injected = AddRequest("injected", [1, 2, 3], SamplingParams(max_tokens=4))
+            send_or_drop(to, encoder.encode(injected))
             send_or_drop(to, encoder.encode(Control("shutdown")))
             back = foreign_socket(ctx, zmq.PUSH, from_engine, curve)
             send_or_drop(back, encoder.encode(EngineFailed("injected")))
@@ -216,7 +218,8 @@ def test_two_servers_on_the_same_port_serve_their_own_requests(start_server):
         outs = list(pool.map(lambda job: complete(job[0].base_url, job[1], job[2]), jobs))
     assert [o["usage"]["completion_tokens"] for o in outs] == [12] * 3 + [20] * 3
     # Greedy on the same weights: each server's answer is the other's for the same prompt.
-    assert complete(b.base_url, "alpha 0", 12)["choices"][0]["text"] == outs[0]["choices"][0]["text"]
+    answer = complete(b.base_url, "alpha 0", 12)["choices"][0]["text"]
+    assert answer == outs[0]["choices"][0]["text"]
     for srv in (a, b):
         text = httpx.get(f"{srv.base_url}/metrics").text
         served = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

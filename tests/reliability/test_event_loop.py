@@ -84,7 +84,8 @@ class Probe:
                 time.sleep(POLL_EVERY_S)
 
     def _stream(self) -> None:
-        body = {"prompt": "hi", "max_tokens": MAX_MODEL_LEN - 16, "ignore_eos": True, "stream": True}
+        body = {"prompt": "hi", "max_tokens": MAX_MODEL_LEN - 16, "ignore_eos": True,
+                "stream": True}
         with httpx.Client(base_url=self.base_url, headers=AUTH, timeout=60) as client:
             while not self.stop.is_set():
                 with client.stream("POST", "/v1/completions", json=body) as r:
@@ -100,7 +101,9 @@ class Probe:
     def wait_for_gaps(self, n: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while len(self.gaps) < n and not self.failures:
-            assert time.monotonic() < deadline, f"only {len(self.gaps)} stream chunks in {timeout} s"
+            assert time.monotonic() < deadline, (
+                f"only {len(self.gaps)} stream chunks in {timeout} s"
+            )
             time.sleep(0.05)
         assert not self.failures, self.failures
 
@@ -146,7 +149,9 @@ def test_a_30mb_prompt_stalls_neither_health_nor_a_running_stream(server, path, 
 
     worst, polls = probe.worst_poll(t0, t1)
     assert polls >= 3, f"only {polls} /health polls while the request ran ({t1 - t0:.2f} s)"
-    assert worst < HEALTH_LIMIT_S, f"/health took {worst * 1000:.0f} ms while a 30 MB prompt was answered"
+    assert worst < HEALTH_LIMIT_S, (
+        f"/health took {worst * 1000:.0f} ms while a 30 MB prompt was answered"
+    )
     # A chunk waits for one engine step and for the frontend: the step is at most the
     # baseline's worst (doubled: the frontend's parsing takes one of two cores from the
     # engine), the frontend's stall at most what /health allows.

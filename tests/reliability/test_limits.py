@@ -33,7 +33,8 @@ LIMIT_FLAGS = (
 )
 LONG = {"max_tokens": MAX_TOKENS, "ignore_eos": True, "n": 8}  # thousands of one-sequence steps
 CHAT = {"messages": [{"role": "user", "content": "hello"}]}
-MESSAGES = {"model": "tiny", "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": "hello"}]}
+MESSAGES = {"model": "tiny", "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "user", "content": "hello"}]}
 
 
 @pytest.fixture(scope="module")

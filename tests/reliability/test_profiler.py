@@ -71,7 +71,9 @@ def engine():
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.testing.tiny_models import tiny_model_dir
 
-    return LLMEngine(str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False, max_model_len=128)
+    return LLMEngine(
+        str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False, max_model_len=128
+    )
 
 
 def test_a_trace_ends_by_itself_after_its_step_cap(engine, tmp_path):

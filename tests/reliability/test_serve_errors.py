@@ -35,8 +35,10 @@ def broken_copy(tmp_path: Path, breakage: str) -> Path:
 CASES = {
     "missing path": (lambda tmp: tmp / "no" / "such" / "path", "does not exist"),
     "empty directory": (lambda tmp: tmp, "without a config.json"),
-    "corrupt config": (lambda tmp: broken_copy(tmp, "corrupt config"), "cannot read a model config"),
-    "truncated weights": (lambda tmp: broken_copy(tmp, "truncated weights"), "model.safetensors is not a readable"),
+    "corrupt config": (lambda tmp: broken_copy(tmp, "corrupt config"),
+                       "cannot read a model config"),
+    "truncated weights": (lambda tmp: broken_copy(tmp, "truncated weights"),
+                          "model.safetensors is not a readable"),
     "weights of another shape": (lambda tmp: broken_copy(tmp, "weights of another shape"), "lacks"),
 }
 
@@ -54,4 +56,5 @@ def test_bad_model_is_one_line_and_a_nonzero_exit(tmp_path, case):
     assert "Traceback" not in run.stderr + run.stdout, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("atom serve: error:")]
     assert len(errors) == 1, run.stderr
-    assert says in errors[0] and (str(model) in errors[0] or case == "weights of another shape"), errors[0]
+    names_model = str(model) in errors[0] or case == "weights of another shape"
+    assert says in errors[0] and names_model, errors[0]

@@ -22,7 +22,8 @@ GRACE_S = 8.0
 SLACK_S = 4.0
 # 128 x 480 tokens with logprobs: about 100 s of work on a loaded 2-core VM, so it is still
 # running at the deadline; the short one needs about 3 s next to it there.
-LONG = {"prompt": "long", "n": 128, "max_tokens": 480, "ignore_eos": True, "stream": True, "logprobs": 5}
+LONG = {"prompt": "long", "n": 128, "max_tokens": 480, "ignore_eos": True, "stream": True,
+        "logprobs": 5}
 SHORT = {"prompt": "short", "max_tokens": 24, "ignore_eos": True, "stream": True}
 
 
@@ -39,7 +40,8 @@ def test_sigterm_drains_then_aborts_and_exits_zero(start_server):
     long = StreamReader(url, LONG).started()
     short = StreamReader(url, SHORT).started()
     [engine_pid] = srv.engine_pids()
-    os.kill(srv.proc.pid, signal.SIGTERM)  # the frontend only: the group would be ServerProcess.stop
+    # The frontend only: the group would be ServerProcess.stop.
+    os.kill(srv.proc.pid, signal.SIGTERM)
     sent = time.monotonic()
 
     time.sleep(0.5)
