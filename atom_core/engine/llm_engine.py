@@ -248,10 +248,8 @@ class LLMEngine:
         running decodes, so that serving does not stop to compile kernels: the attention
         kernels of a mixed step are specialised on how many decodes it holds (the Triton
         backend's KV split count), and a Triton compile takes ~0.5-2 s with every running
-        request waiting. (Measured on an H200: offline prefill steps ran ~455 ms instead of
-        ~414 in a process that compiled them as it went.) The rounds run by default on a
-        GPU only: on a CPU nothing compiles, and up to 128 decodes there took ~17 s of a
-        server's start on a 2-core VM."""
+        request waiting. The rounds run by default on a GPU only: on a CPU nothing compiles,
+        and up to 128 decodes there took ~17 s of a server's start on a 2-core VM."""
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         self.generate([[0] * min(32, self.max_model_len - 4)], params)
         if not (self.device.type != "cpu" if mixed_rounds is None else mixed_rounds):

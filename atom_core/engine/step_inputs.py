@@ -3,20 +3,19 @@ positions, the attention metadata and the rows the step samples, built with nump
 to the device in one copy.
 
 A 16k-token step has 16k positions and cache slots to compute; per-token Python loops and
-one ``torch.tensor`` per field took ~7 ms of host time for one on the 2-core VM. Worse, a
-``torch.tensor(..., device="cuda")`` copies from pageable memory, which makes the host wait
-for the GPU to drain: a step could not be prepared while the one before it runs. Here the
-per-token work is array arithmetic, written straight into one pinned buffer, and one
-non-blocking copy sends it.
+one ``torch.tensor`` per field would take ~7 ms of host time for one on a 2-core VM.
+Worse, a ``torch.tensor(..., device="cuda")`` copies from pageable memory, which makes the
+host wait for the GPU to drain: a step could not be prepared while the one before it runs.
+Here the per-token work is array arithmetic, written straight into one pinned buffer, and
+one non-blocking copy sends it.
 
 Every field starts on a 16-byte boundary of that buffer. Triton specialises a kernel on
 whether each pointer argument is 16-byte aligned, so fields at arbitrary offsets would
-make the attention and RoPE kernels compile new variants in the middle of serving
-(measured on an H200: offline prefill steps went 456 -> 526 ms with unaligned fields).
-For the same reason the block table's width (its row stride, a kernel argument) is a
-multiple of 16: Triton also specialises integer arguments on divisibility by 16 (and on
-being 1), so a width following the batch's longest sequence would flip between variants
-as contexts grow, and a server would compile one mid-request.
+make the attention and RoPE kernels compile new variants in the middle of serving, with
+every step behind them waiting. For the same reason the block table's width (its row
+stride, a kernel argument) is a multiple of 16: Triton also specialises integer arguments
+on divisibility by 16 (and on being 1), so a width following the batch's longest sequence
+would flip between variants as contexts grow, and a server would compile one mid-request.
 """
 
 from __future__ import annotations

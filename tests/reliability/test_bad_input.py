@@ -1,6 +1,6 @@
 """Bad input is a 400 in the API's error shape, never a 500, on a real server.
 
-Each case was a 500 or a 200 before the request models refused it: integers past int64
+Each case would be a 500 or a 200 if the request models let it through: integers past int64
 (the engine link cannot carry them; a 500 from its encoder), lone UTF-16 surrogates in
 any text (the tokenizer, and the JSON encoder of an error quoting them, raise), a message
 without content, a tool whose parameters are not a JSON schema, a malformed past tool

@@ -1,6 +1,6 @@
 """A client that hangs up on a non-streamed request aborts its generation: its KV blocks
-are free within a second (streams were already aborted when their body stopped being
-read; a non-streamed handler used to run to max_tokens for nobody)."""
+are free within a second (a stream aborts when its body stops being read; a non-streamed
+handler would otherwise run to max_tokens for nobody)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Point 3: the engine process dies (kill -9) while a stream runs. The choice is that the
+"""The engine process dies (kill -9) while a stream runs. The choice is that the
 frontend exits non-zero within 2 s, so that its supervisor restarts the whole server; the
 stream in flight ends with an error frame (or its connection closes), it does not hang."""
 

@@ -204,7 +204,7 @@ def test_a_foreign_process_on_the_engine_link_gets_nothing_and_injects_nothing(s
 
 @pytest.mark.slow
 def test_two_servers_on_the_same_port_serve_their_own_requests(start_server):
-    """``--port`` no longer names a shared endpoint: two servers given the same one both
+    """``--port`` does not name a shared endpoint: two servers given the same one both
     start, and each answers its own requests (a request sent to the other engine would
     never finish here). Each link directory is removed when its server stops."""
     flags = (*SERVER_FLAGS, "--port", "23456")

@@ -1,4 +1,4 @@
-"""Point 6, --timeout-header-read (3 s on the shared server): a connection that sends its
+"""--timeout-header-read (3 s on the shared server): a connection that sends its
 request headers slowly (slowloris) or sends nothing is closed after that long, with a 408
 if it had sent part of a request; requests sent at a normal pace are unaffected."""
 

@@ -1,11 +1,11 @@
-"""Point 1, the profiler half: stopping the torch profiler must not stall generation.
+"""Stopping the torch profiler must not stall generation.
 
 Ending a trace pauses the engine loop for the events' collection and kineto's JSON (both
 on the thread that profiled), about 5-8 ms per profiled step of this model on a 2-core VM,
 so a trace ends by itself after ATOM_PROFILER_MAX_STEPS (50) steps: at most ~0.3 s, ~0.6 s
-on a loaded VM. The gzip runs in a child process. Before, one second of profiling then
-/stop_profile paused every stream for several seconds (5.1 s after 3 s of profiling on the
-same loaded VM), and for 134 s on a GPU server.
+on a loaded VM. The gzip runs in a child process. Without the cap and the child, ending a
+few seconds' trace would pause every stream for seconds on a loaded VM, and for minutes on
+a GPU server.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Point 9, the ``atom serve`` half: a bad --model is one clear line on stderr and a
-non-zero exit, with no traceback, whether the frontend finds it before anything starts or
-the engine process finds it while loading."""
+"""A bad --model given to ``atom serve`` is one clear line on stderr and a non-zero exit,
+with no traceback, whether the frontend finds it before anything starts or the engine
+process finds it while loading."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Point 6, --timeout-graceful-shutdown: SIGTERM to the frontend closes the listener, lets
+"""--timeout-graceful-shutdown: SIGTERM to the frontend closes the listener, lets
 requests in flight finish for at most that long, aborts what is left (a stream's error
 frame), stops the engine and exits 0."""
 
