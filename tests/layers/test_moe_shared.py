@@ -9,27 +9,13 @@ from torch import nn
 import atom_core.layers.moe as moe_module
 from atom_core.layers.decoder import GatedMLP
 from atom_core.layers.moe import FusedMoE, load_hf_moe_weights
+from atom_core.testing.op_cases import moe_checkpoint
 
 NUM_EXPERTS, HIDDEN, INTER, TOP_K = 6, 16, 8, 2
 
 
 def checkpoint(num_shared: int, seed: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """Per-expert routed tensors and one shared MLP of intermediate size num_shared * INTER,
-    named as a transformers DeepSeek checkpoint names them."""
-    g = torch.Generator().manual_seed(seed)
-    weights = []
-    for e in range(NUM_EXPERTS):
-        weights += [
-            (f"mlp.experts.{e}.gate_proj.weight", torch.randn(INTER, HIDDEN, generator=g) / 4),
-            (f"mlp.experts.{e}.up_proj.weight", torch.randn(INTER, HIDDEN, generator=g) / 4),
-            (f"mlp.experts.{e}.down_proj.weight", torch.randn(HIDDEN, INTER, generator=g) / 3),
-        ]
-    shared = num_shared * INTER
-    return weights + [
-        ("mlp.shared_experts.gate_proj.weight", torch.randn(shared, HIDDEN, generator=g) / 4),
-        ("mlp.shared_experts.up_proj.weight", torch.randn(shared, HIDDEN, generator=g) / 4),
-        ("mlp.shared_experts.down_proj.weight", torch.randn(HIDDEN, shared, generator=g) / 3),
-    ]
+    return moe_checkpoint(NUM_EXPERTS, HIDDEN, INTER, num_shared, seed)
 
 
 def fused_model(num_shared: int) -> nn.Module:

@@ -14,27 +14,13 @@ from atom_kernels_triton.fused_moe_config import MoeConfig  # noqa: E402
 from triton_reference import rel_err, tolerance  # noqa: E402
 
 from atom_core.layers.moe import FusedMoE, load_hf_moe_weights  # noqa: E402
+from atom_core.testing.op_cases import moe_checkpoint  # noqa: E402
 
 NUM_EXPERTS, HIDDEN, INTER, TOP_K, SHARED = 6, 16, 8, 2, 2
 
 
 def checkpoint(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
-    """Per-expert routed tensors and one shared MLP of intermediate size SHARED * INTER,
-    named as a transformers DeepSeek checkpoint names them."""
-    g = torch.Generator().manual_seed(seed)
-    weights = []
-    for e in range(NUM_EXPERTS):
-        weights += [
-            (f"mlp.experts.{e}.gate_proj.weight", torch.randn(INTER, HIDDEN, generator=g) / 4),
-            (f"mlp.experts.{e}.up_proj.weight", torch.randn(INTER, HIDDEN, generator=g) / 4),
-            (f"mlp.experts.{e}.down_proj.weight", torch.randn(HIDDEN, INTER, generator=g) / 3),
-        ]
-    shared = SHARED * INTER
-    return weights + [
-        ("mlp.shared_experts.gate_proj.weight", torch.randn(shared, HIDDEN, generator=g) / 4),
-        ("mlp.shared_experts.up_proj.weight", torch.randn(shared, HIDDEN, generator=g) / 4),
-        ("mlp.shared_experts.down_proj.weight", torch.randn(HIDDEN, shared, generator=g) / 3),
-    ]
+    return moe_checkpoint(NUM_EXPERTS, HIDDEN, INTER, SHARED, seed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

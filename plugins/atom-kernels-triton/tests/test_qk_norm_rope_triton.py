@@ -12,39 +12,13 @@ from atom_kernels_triton.qk_norm_rope import qk_norm_rope_cache_write as triton_
 from triton_reference import rel_err, tolerance  # noqa: E402
 
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write as native_fused  # noqa: E402
+from atom_core.testing.op_cases import expected_kv_cache, qk_norm_rope_case  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rand(*shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
-
-
-def case(dtype, q_heads=4, kv_heads=2, head=32, rot_dim=32, tokens=5, blocks=6, block_size=4):
-    """Inputs as Qwen3 passes them: q, k, v column slices of one qkv projection output."""
-    qkv = rand(tokens, (q_heads + 2 * kv_heads) * head, dtype=dtype)
-    q = qkv[:, : q_heads * head]
-    k = qkv[:, q_heads * head : (q_heads + kv_heads) * head]
-    v = qkv[:, (q_heads + kv_heads) * head :]
-    qw, kw = rand(head, dtype=dtype, seed=1), rand(head, dtype=dtype, seed=2)
-    cos_sin = rand(64, rot_dim, seed=3)
-    pos = torch.tensor([0, 7, 3, 63, 12, 5, 9][:tokens], device=DEVICE)
-    slots = torch.tensor([3, 17, -1, 0, 22, -1, 8][:tokens], device=DEVICE)
-    cache = torch.full((2, blocks, block_size, kv_heads, head), float("nan"), dtype=dtype,
-                       device=DEVICE)
-    return q, k, v, qw, kw, pos, cos_sin, cache, slots
-
-
-def expected_cache(cache, k, v, slots):
-    """The cache with the valid tokens' rotated k and v stored; padding slots untouched."""
-    kvh, d = cache.shape[-2:]
-    ref = cache.clone()
-    flat = ref.view(2, -1, kvh, d)
-    valid = slots >= 0
-    flat[0, slots[valid]] = k[valid].reshape(-1, kvh, d).to(cache.dtype)
-    flat[1, slots[valid]] = v[valid].reshape(-1, kvh, d).to(cache.dtype)
-    return ref
+def case(dtype, q_heads=4, kv_heads=2, head=32, rot_dim=32):
+    return qk_norm_rope_case(dtype, q_heads, kv_heads, head, rot_dim, device=DEVICE)
 
 
 triton_cases = pytest.mark.parametrize(
@@ -67,7 +41,7 @@ def test_triton_matches_native(dtype, q_heads, kv_heads, head, rot_dim, is_neox)
     # Padding slots (-1) write nothing: the NaN poison survives exactly there.
     assert torch.equal(cache.isnan(), ref_cache.isnan())
     # The cache holds exactly the k the op returned (and v copied bit for bit).
-    assert torch.equal(cache.nan_to_num(), expected_cache(cache, got_k, v, slots).nan_to_num())
+    assert torch.equal(cache.nan_to_num(), expected_kv_cache(cache, got_k, v, slots).nan_to_num())
     assert rel_err(cache.nan_to_num(), ref_cache.nan_to_num()) < tolerance(dtype)
 
 
