@@ -39,7 +39,12 @@ from atom_core.engine.core_messages import (
 )
 from atom_core.engine.core_process import run_engine_core
 from atom_core.engine.output import RequestText
-from atom_core.engine.request_stream import RequestDelta, StreamOutputCollector
+from atom_core.engine.request_stream import (
+    RequestDelta,
+    RequestPhases,
+    StreamOutputCollector,
+    received_at,
+)
 from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
 from atom_core.loader import load_tokenizer
 from atom_core.sampling_params import SamplingParams
@@ -55,6 +60,11 @@ class _Stream:
     collector: StreamOutputCollector
     text: RequestText
     finished: bool = False
+    # time.monotonic(): the HTTP request's arrival, its hand-over to the engine, and its
+    # first delta's to the response (for RequestPhases).
+    received: float | None = None
+    sent: float = 0.0
+    handed: float | None = None
 
 
 class EngineClient:
@@ -211,6 +221,10 @@ class EngineClient:
                 stop_aborts.append(out.request_id)  # a stop string ended it here
             if delta.finished:
                 stream.finished = True
+                if out.timings is not None:
+                    handed = stream.handed if stream.handed is not None else time.monotonic()
+                    delta.phases = RequestPhases.of(stream.received, stream.sent, handed,
+                                                    out.timings)
                 for listener in self.finish_listeners:
                     listener(delta)
             stream.collector.put(delta)
@@ -238,15 +252,18 @@ class EngineClient:
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         text = RequestText(self.tokenizer, prompt_token_ids, params)
-        stream = _Stream(StreamOutputCollector(), text)
+        stream = _Stream(StreamOutputCollector(), text, received=received_at.get())
         self._streams[request_id] = stream
         # Stop strings are matched here, on text; the engine sees token ids only.
         engine_params = replace(params, stop_strings=None)
         try:
             add = AddRequest(request_id, list(prompt_token_ids), engine_params)
+            stream.sent = time.monotonic()
             await self._out.send(encoder.encode(add))
             while True:
                 delta = await stream.collector.get()
+                if stream.handed is None:
+                    stream.handed = time.monotonic()
                 yield delta
                 if delta.finished:
                     return

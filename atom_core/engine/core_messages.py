@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from atom_core.engine.sequence import Logprob
+from atom_core.engine.sequence import Logprob, RequestTimings
 from atom_core.sampling_params import SamplingParams
 
 
@@ -41,6 +41,7 @@ class TokenOutput(msgspec.Struct):
     ttft_s: float | None = None
     latency_s: float | None = None
     error: str | None = None  # the engine refused the request
+    timings: RequestTimings | None = None  # on the finished output
 
 
 class EngineStats(msgspec.Struct):

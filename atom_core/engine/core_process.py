@@ -55,7 +55,7 @@ class EngineCore:
             TokenOutput(
                 out.request_id, out.token_ids, out.finished, out.finish_reason, out.stop_reason,
                 out.logprobs, out.prompt_logprobs, out.num_prompt_tokens, out.num_output_tokens,
-                out.ttft_s, out.latency_s,
+                out.ttft_s, out.latency_s, timings=out.timings,
             )
         )
 

@@ -17,7 +17,7 @@ from atom_core.engine.model_runner import ModelRunner, PendingStep, StepOutput
 from atom_core.engine.output import RequestText
 from atom_core.engine.profiler import TorchProfiler, profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
-from atom_core.engine.sequence import Logprob, Sequence
+from atom_core.engine.sequence import Logprob, RequestTimings, Sequence
 from atom_core.engine.stats import StatsLogger
 from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
@@ -49,6 +49,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     ttft_s: float | None = None  # set from the first output on
     latency_s: float | None = None  # set on the finished output
+    timings: RequestTimings | None = None  # set on the finished output
 
 
 @dataclass
@@ -399,7 +400,7 @@ class LLMEngine:
             if req is not None and req.text is not None:
                 text, reason, seq.stop_reason = req.text.update([token], reason, seq.stop_reason)
             if reason is not None:
-                seq.finish_time = time.perf_counter()
+                seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq, reason)
                 finished.append(seq)
             if req is not None:
@@ -436,12 +437,12 @@ class LLMEngine:
         req.sent_tokens = seq.num_output_tokens
         prompt_lps = seq.prompt_logprobs if first and sp.prompt_logprobs is not None else None
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time is not None else None
-        latency = (seq.finish_time or time.perf_counter()) - seq.arrival_time if finished else None
+        latency = (seq.finish_time or time.monotonic()) - seq.arrival_time if finished else None
         req.callback(
             RequestOutput(
                 seq.request_id, text, new_ids, finished, seq.finish_reason, seq.stop_reason,
                 new_logprobs, prompt_lps, seq.num_prompt_tokens, seq.num_output_tokens, ttft,
-                latency,
+                latency, seq.timings() if finished else None,
             )
         )
 
@@ -460,7 +461,7 @@ class LLMEngine:
     @staticmethod
     def _output(req: _Request) -> dict[str, Any]:
         seq = req.seq
-        end = seq.finish_time or time.perf_counter()
+        end = seq.finish_time or time.monotonic()
         first = seq.first_token_time or end
         n_out = seq.num_output_tokens
         return {

@@ -10,9 +10,48 @@ the backlog in one piece, never a growing queue.
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from atom_core.engine.sequence import Logprob
+from atom_core.engine.sequence import Logprob, RequestTimings
+
+# time.monotonic() when the HTTP request served in this context arrived, before its body
+# was read: where the frontend's share of a request starts (set by the server's outermost
+# middleware, read by EngineClient.generate).
+received_at: ContextVar[float | None] = ContextVar("atom_request_received_at", default=None)
+
+
+@dataclass(frozen=True)
+class RequestPhases:
+    """Where one finished request's time went, in seconds. Up to its first token: the
+    frontend (HTTP body, chat template, tokenization, checks), the engine's queue, the
+    prefill (scheduled to first token on the engine's host) and the first token's delivery
+    (the link back, detokenization, the event loop, up to the response handler). After it:
+    the first decode (first to second token) and all of decode (first to last token)."""
+
+    frontend: float | None
+    queue: float | None
+    prefill: float | None
+    first_token_delivery: float | None
+    first_decode: float | None
+    decode: float | None
+
+    @classmethod
+    def of(
+        cls, received: float | None, sent: float, handed: float, t: RequestTimings
+    ) -> RequestPhases:
+        """``received``: the HTTP request's arrival (None outside HTTP); ``sent``: queued to
+        the engine; ``handed``: the first delta handed to the response; ``t``: the engine's
+        timestamps. All ``time.monotonic()``, one clock for every process of the host."""
+
+        def span(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else max(b - a, 0.0)
+
+        return cls(
+            span(received, sent), span(t.arrival, t.scheduled), span(t.scheduled, t.first_token),
+            span(t.first_token, handed), span(t.first_token, t.second_token),
+            span(t.first_token, t.finished),
+        )
 
 
 @dataclass
@@ -33,6 +72,7 @@ class RequestDelta:
     latency_s: float | None = None
     error: str | None = None  # the engine could not serve this request (e.g. it died)
     merged: int = 1  # how many engine deltas this one carries
+    phases: RequestPhases | None = None  # on the finished delta, when the engine timed it
 
     def merge(self, newer: RequestDelta) -> None:
         self.text += newer.text
@@ -48,6 +88,7 @@ class RequestDelta:
         self.latency_s = newer.latency_s
         self.error = self.error or newer.error
         self.merged += newer.merged
+        self.phases = newer.phases
 
 
 class StreamOutputCollector:

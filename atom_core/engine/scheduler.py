@@ -115,7 +115,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if seq.finish_time is None:
-            seq.finish_time = time.perf_counter()
+            seq.finish_time = time.monotonic()
         self.block_manager.free(seq)
 
     def has_unfinished(self) -> bool:
@@ -163,6 +163,7 @@ class Scheduler:
                     break  # FCFS: nothing overtakes a sequence that does not fit
                 assert seq.num_computed_tokens == hits
                 self.waiting.popleft()
+                seq.mark_scheduled()
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 batch.add(seq, n)

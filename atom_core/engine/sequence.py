@@ -26,6 +26,18 @@ class Logprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RequestTimings:
+    """When a request reached each point in the engine: ``time.monotonic()`` seconds, a
+    clock every process on the host shares, so the frontend can set these beside its own."""
+
+    arrival: float
+    scheduled: float | None  # first scheduled (a preemption does not move it)
+    first_token: float | None  # on the host, read back from the device
+    second_token: float | None
+    finished: float | None
+
+
 _ids = itertools.count()
 PLACEHOLDER_TOKEN = -1  # never a vocabulary id: prompts are validated to [0, vocab)
 
@@ -55,8 +67,10 @@ class Sequence:
         self.logprobs: list[Logprob] = []
         self.prompt_logprobs: list[Logprob | None] = []
         self.num_preemptions = 0
-        self.arrival_time = time.perf_counter()
+        self.arrival_time = time.monotonic()
+        self.scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        self.second_token_time: float | None = None
         self.finish_time: float | None = None
 
     def __len__(self) -> int:
@@ -88,8 +102,7 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
-        if self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
+        self._stamp_token()
 
     def append_placeholder(self) -> None:
         """Stand in for a token a queued step is still sampling (--async-scheduling): lengths,
@@ -100,8 +113,21 @@ class Sequence:
     def resolve_placeholder(self, token_id: int) -> None:
         assert self.token_ids[-1] == PLACEHOLDER_TOKEN, "no placeholder to resolve"
         self.token_ids[-1] = token_id
-        if self.first_token_time is None:  # a prefill queued ahead: its token arrives now
-            self.first_token_time = time.perf_counter()
+        self._stamp_token()  # a step queued ahead: its token arrives now
+
+    def _stamp_token(self) -> None:
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        elif self.second_token_time is None and self.num_output_tokens >= 2:
+            self.second_token_time = time.monotonic()
+
+    def mark_scheduled(self) -> None:
+        if self.scheduled_time is None:
+            self.scheduled_time = time.monotonic()
+
+    def timings(self) -> RequestTimings:
+        return RequestTimings(self.arrival_time, self.scheduled_time, self.first_token_time,
+                              self.second_token_time, self.finish_time)
 
     def block_tokens(self, i: int, block_size: int) -> list[int]:
         return self.token_ids[i * block_size : (i + 1) * block_size]

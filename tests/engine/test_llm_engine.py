@@ -36,6 +36,17 @@ def test_output_fields(engine):
     assert out["text"] == engine.tokenizer.decode(out["token_ids"], skip_special_tokens=True)
 
 
+def test_finished_output_carries_the_engine_timestamps(engine):
+    outs: list[RequestOutput] = []
+    engine.add_request([[1, 2, 3, 4]], GREEDY, outs.append)
+    while not engine.is_finished():
+        engine.step()
+    assert all(o.timings is None for o in outs[:-1])
+    t = outs[-1].timings
+    assert t.arrival <= t.scheduled <= t.first_token <= t.second_token <= t.finished
+    assert outs[-1].ttft_s == pytest.approx(t.first_token - t.arrival)
+
+
 def test_stop_token_ids_end_generation(engine):
     [ref] = engine.generate(["The quick brown fox"], GREEDY)
     stop = ref["token_ids"][5]

@@ -252,8 +252,11 @@ def test_preemption_recomputes_prompt_and_generated_tokens():
     assert list(sched.waiting) == [new] and new.num_tokens == 9
     while not old.is_finished:
         step(sched)
+    scheduled_first = new.scheduled_time
     batch = sched.schedule()  # new re-prefills its prompt and generated tokens
     assert batch.seqs == [new] and batch.num_scheduled_tokens == [new.num_tokens]
+    # Its queue time ended when it was first scheduled; the recompute does not move it.
+    assert scheduled_first is not None and new.scheduled_time == scheduled_first
 
 
 def test_last_running_sequence_preempts_itself():

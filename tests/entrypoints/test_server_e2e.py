@@ -174,6 +174,34 @@ def test_metrics_count_tokens(server):
     assert metric(server, "atom:stream_longest_silence_seconds") == 0
 
 
+PHASES = ("frontend_time", "queue_time", "prefill_time", "first_token_delivery",
+          "first_decode_time", "decode_time")
+
+
+def test_time_split_of_a_request_adds_up_to_what_the_client_saw(server):
+    names = [f"atom:request_{p}_seconds" for p in PHASES]
+    count0 = {n: metric(server, n + "_count") for n in names}
+    sum0 = {n: metric(server, n + "_sum") for n in names}
+    body = {"prompt": "split me", "max_tokens": 6, "ignore_eos": True, "stream": True}
+    start = time.monotonic()
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body) as r:
+        first = None
+        for line in r.iter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.monotonic() - start
+        total = time.monotonic() - start
+    spent = {}
+    for n in names:
+        assert metric(server, n + "_count") - count0[n] == 1, n
+        spent[n.split(":")[1]] = metric(server, n + "_sum") - sum0[n]
+    assert all(v >= 0 for v in spent.values()), spent
+    before_first = sum(spent[f"request_{p}_seconds"] for p in PHASES[:4])
+    assert 0 < before_first <= first, (spent, first)
+    assert spent["request_prefill_time_seconds"] > 0
+    assert spent["request_first_decode_time_seconds"] <= spent["request_decode_time_seconds"]
+    assert spent["request_decode_time_seconds"] <= total
+
+
 def test_profile_endpoints_write_a_trace(server, tmp_path_factory):
     assert httpx.post(f"{server.base_url}/start_profile").status_code == 200
     httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "profile me", "max_tokens": 4})

@@ -66,6 +66,30 @@ class ServerMetrics:
             "atom:time_per_output_token_seconds", "Time per output token after the first"
         )
         self.e2e = histogram("atom:e2e_request_latency_seconds", "End-to-end request latency")
+        # Where a request's time went (RequestPhases), observed when it finishes.
+        self.phases = {
+            "frontend": histogram(
+                "atom:request_frontend_time_seconds",
+                "HTTP request received to queued to the engine (body, template, tokenization)",
+            ),
+            "queue": histogram(
+                "atom:request_queue_time_seconds", "Engine arrival to first scheduled"
+            ),
+            "prefill": histogram(
+                "atom:request_prefill_time_seconds",
+                "First scheduled to first token on the engine's host",
+            ),
+            "first_token_delivery": histogram(
+                "atom:request_first_token_delivery_seconds",
+                "First token on the engine's host to its delta handed to the HTTP response",
+            ),
+            "first_decode": histogram(
+                "atom:request_first_decode_time_seconds", "First token to second token (engine)"
+            ),
+            "decode": histogram(
+                "atom:request_decode_time_seconds", "First token to last token (engine)"
+            ),
+        }
         self.silence = Gauge(
             "atom:stream_longest_silence_seconds",
             "Age of the oldest gap in flight between SSE frames of any stream "
@@ -101,6 +125,11 @@ class ServerMetrics:
             self.e2e.observe(d.latency_s)
             if d.ttft_s is not None and d.num_output_tokens > 1:
                 self.tpot.observe((d.latency_s - d.ttft_s) / (d.num_output_tokens - 1))
+        if d.phases is not None:
+            for name, hist in self.phases.items():
+                seconds = getattr(d.phases, name)
+                if seconds is not None:
+                    hist.observe(seconds)
 
     def longest_silence(self) -> float:
         now = time.monotonic()

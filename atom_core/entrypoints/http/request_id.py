@@ -8,17 +8,23 @@ same X-Request-Id never collide in the engine.
 While a request is served, ``RequestIdLogFilter`` prefixes every log record with
 ``[<id>]``: records logged by the handlers, by tasks they start (which copy the context)
 and by the error handlers.
+
+The same middleware stamps when the request arrived (``request_stream.received_at``): where
+the frontend's share of the request's time split (``RequestPhases``) starts.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from atom_core.engine.request_stream import received_at as _received_at
 
 HEADER = b"x-request-id"
 _CLIENT_ID = re.compile(rb"[\x21-\x7e]{1,128}")  # one log-safe token; no spaces
@@ -58,9 +64,11 @@ class RequestIdMiddleware:
             await send(message)
 
         token = _request_id.set(request_id)
+        received = _received_at.set(time.monotonic())
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            _received_at.reset(received)
             _request_id.reset(token)
 
 
