@@ -61,6 +61,13 @@ class SchedulerConfig:
     max_model_len: int | None = opt(
         None, ("--max-model-len",), "maximum context length (default: the model's)"
     )
+    mixed_prefill_tokens: int = opt(
+        0, ("--mixed-prefill-tokens",),
+        "while sequences decode, a step computes at most this many prompt tokens beside them "
+        "(longer prompts are chunked), so decodes are not held up by a long prefill and "
+        "prompts stream their first tokens sooner; with nothing decoding a step takes up to "
+        "--max-num-batched-tokens. 0: no cap of its own",
+    )
     scheduler_delay_factor: float = opt(
         0.0, ("--scheduler-delay-factor",),
         "wait this fraction of the last step's latency before admitting a new prompt, "
@@ -229,6 +236,8 @@ class Config:
             raise ConfigError("--num-gpu-blocks-override must be >= 1")
         if s.max_num_seqs < 1 or s.max_num_batched_tokens < 1:
             raise ConfigError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+        if s.mixed_prefill_tokens < 0:
+            raise ConfigError("--mixed-prefill-tokens must be >= 0 (0: no cap of its own)")
         if s.max_model_len is not None and s.max_model_len < 1:
             raise ConfigError("--max-model-len must be >= 1")
         if s.scheduler_delay_factor < 0:

@@ -60,6 +60,9 @@ class Scheduler:
     ):
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.mixed_prefill_tokens = (
+            scheduler_config.mixed_prefill_tokens or scheduler_config.max_num_batched_tokens
+        )
         self.delay_factor = scheduler_config.scheduler_delay_factor
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -134,14 +137,21 @@ class Scheduler:
     def schedule(self, skip: Collection[int] = ()) -> ScheduledBatch:
         """Pick the next step: running sequences first (FCFS), then new admissions. ``skip``:
         ids of running sequences to leave out (with --async-scheduling, those whose queued
-        step's token is certain to be their last)."""
+        step's token is certain to be their last).
+
+        A step holds at most --max-num-batched-tokens tokens, and while any sequence decodes,
+        at most --mixed-prefill-tokens of them are prompt tokens (``prefill`` below): each
+        decode then waits for one bounded chunk of prefill, not for whole prompts."""
         batch = ScheduledBatch(scheduled_at=self.clock())
         budget = self.max_num_batched_tokens
+        decoding = any(self._decodes(s) and s.seq_id not in skip for s in self.running)
+        prefill = self.mixed_prefill_tokens if decoding else budget
 
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
+            decodes = self._decodes(seq)
+            n = min(seq.num_uncomputed_tokens, budget if decodes else min(budget, prefill))
             if n <= 0 or seq.seq_id in skip:  # nothing to compute (or nothing more to): skip
                 i += 1
                 continue
@@ -149,7 +159,10 @@ class Scheduler:
                 break  # seq preempted itself: it was the last running sequence
             batch.add(seq, n)
             budget -= n
+            if not decodes:
+                prefill -= n
             i += 1
+        budget = min(budget, prefill)  # what admissions may take: prompt tokens only
 
         # Admitting while preempting would just thrash; the preempted go first next step.
         if batch.num_preempted == 0 and self._admission_allowed(batch.scheduled_at):
@@ -169,6 +182,11 @@ class Scheduler:
                 batch.add(seq, n)
                 budget -= n
         return batch
+
+    @staticmethod
+    def _decodes(seq: Sequence) -> bool:
+        """seq has its prompt computed and computes one token, its newest, next."""
+        return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
 
     def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Allocate for running seq, preempting the most recent running sequences until it

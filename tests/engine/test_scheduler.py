@@ -17,9 +17,9 @@ BS = 4
 
 
 def make_scheduler(num_blocks=16, max_num_seqs=8, max_tokens_per_step=16, caching=False,
-                   delay=0.0, clock=None, max_model_len=256) -> Scheduler:
+                   delay=0.0, clock=None, max_model_len=256, mixed_prefill=0) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens_per_step,
-                             scheduler_delay_factor=delay)
+                             scheduler_delay_factor=delay, mixed_prefill_tokens=mixed_prefill)
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
     kwargs = {"clock": clock} if clock else {}
     return Scheduler(config, bm, max_model_len, **kwargs)
@@ -70,12 +70,14 @@ class FakeKV:
                 self.slots[(block, pos % BS)] = seq.token_ids[pos]
 
 
+@pytest.mark.parametrize("mixed_prefill", [0, 3])
 @pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_randomized_invariants(caching: bool, seed: int):
+def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
     rng = random.Random(seed)
     max_seqs, budget, num_blocks = 4, 16, 12
-    sched = make_scheduler(num_blocks, max_seqs, budget, caching=caching)
+    sched = make_scheduler(num_blocks, max_seqs, budget, caching=caching,
+                           mixed_prefill=mixed_prefill)
     bm = sched.block_manager
     kv = FakeKV(bm)
     prefixes = [[rng.randrange(50) for _ in range(n)] for n in (5, 9, 13)]
@@ -116,6 +118,11 @@ def test_randomized_invariants(caching: bool, seed: int):
         # Budget, slots, uniqueness, coverage.
         assert batch.total_tokens <= budget and len(batch) <= max_seqs
         assert len({s.seq_id for s in batch.seqs}) == len(batch)
+        decoding = [s.num_computed_tokens >= s.num_prompt_tokens and n == 1
+                    for s, n in zip(batch.seqs, batch.num_scheduled_tokens)]
+        if mixed_prefill and any(decoding):
+            prompt_tokens = sum(n for n, d in zip(batch.num_scheduled_tokens, decoding) if not d)
+            assert prompt_tokens <= mixed_prefill
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
             assert seq.status == SequenceStatus.RUNNING and seq in sched.running
             assert 1 <= n <= seq.num_uncomputed_tokens
@@ -181,6 +188,29 @@ def test_chunked_prefill_splits_a_long_prompt_and_mixes_with_others():
     assert batch.num_scheduled_tokens == [1, 1]
     assert a.is_finished and b.is_finished and not sched.has_unfinished()
     assert sched.block_manager.num_free_blocks == 16
+
+
+def test_prompts_beside_decodes_are_chunked_to_the_mixed_prefill_cap():
+    sched = make_scheduler(num_blocks=64, max_tokens_per_step=64, mixed_prefill=8)
+    a, b = make_seq(list(range(20)), max_tokens=8), make_seq(list(range(20)), max_tokens=8)
+    sched.add(a)
+    sched.add(b)
+    # Nothing decodes yet: the whole step budget goes to prompts.
+    assert step(sched).num_scheduled_tokens == [20, 20]
+    late = make_seq(list(range(30)), max_tokens=4)
+    sched.add(late)
+    # a and b decode now: the late prompt gets 8 tokens a step beside them, not 30 at once.
+    batch = step(sched)
+    assert batch.seqs == [a, b, late] and batch.num_scheduled_tokens == [1, 1, 8]
+    assert step(sched).num_scheduled_tokens == [1, 1, 8]
+    two_more = [make_seq(list(range(5)), max_tokens=2) for _ in range(2)]
+    for seq in two_more:
+        sched.add(seq)
+    # The cap is shared: late's chunk of 8 leaves nothing for the new prompts this step.
+    assert step(sched).seqs == [a, b, late]
+    batch = step(sched)  # late's last 6 prompt tokens, then 2 of the next prompt
+    assert batch.seqs == [a, b, late, two_more[0]]
+    assert batch.num_scheduled_tokens == [1, 1, 6, 2]
 
 
 def test_max_num_seqs_and_fcfs_no_overtaking():
