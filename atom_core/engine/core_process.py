@@ -9,6 +9,7 @@ frontend: PR_SET_PDEATHSIG, and a getppid check every loop iteration.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -157,6 +158,10 @@ def run_engine_core(
         config.cache_config.block_size, (getattr(hf, "architectures", None) or ["?"])[0],
     )))
     core = EngineCore(engine, push)
+    # The model, its tensors and the warm-up's objects live as long as the process: frozen
+    # out of the collector's sight, so a full collection mid-serving does not walk them.
+    gc.collect()
+    gc.freeze()
     # Ctrl+C, or a SIGTERM to the whole group (systemd, ServerProcess.stop), is the
     # frontend's to act on: it drains its requests, then sends "shutdown".
     signal.signal(signal.SIGINT, signal.SIG_IGN)
