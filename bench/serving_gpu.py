@@ -40,11 +40,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -216,6 +218,21 @@ def run_client(argv: list[str]) -> dict[str, Any]:
     return run(add_cli_args(argparse.ArgumentParser()).parse_args(argv))
 
 
+def post(base_url: str, path: str) -> str:
+    req = urllib.request.Request(base_url + path, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return r.read().decode()
+
+
+def parse_profile_at(spec: str) -> tuple[int, float]:
+    """``64:3`` -> (64, 3.0): trace the concurrency-64 level from 3 s into it."""
+    conc, _, seconds = spec.partition(":")
+    try:
+        return int(conc), float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--profile-at {spec!r}: expected C:SECONDS") from None
+
+
 def run_levels(base_url: str, model_dir: Path, args: argparse.Namespace,
                tag: str) -> list[dict[str, Any]]:
     """Warm-up requests, then every level with its /metrics scraped around it."""
@@ -228,8 +245,15 @@ def run_levels(base_url: str, model_dir: Path, args: argparse.Namespace,
     for conc, prompts in args.levels:
         name = f"{tag}-concurrency{conc}"
         before = scrape(base_url)
+        profile = None
+        if tag == "atom" and args.profile_at is not None and args.profile_at[0] == conc:
+            profile = threading.Timer(args.profile_at[1], post, (base_url, "/start_profile"))
+            profile.start()
         result = run_client(client_argv(model_dir, base_url, conc, prompts, *shape, result_dir,
                                         name))
+        if profile is not None:
+            profile.cancel()
+            print("trace:", post(base_url, "/stop_profile"))
         after = scrape(base_url)
         levels.append({
             "concurrency": conc, "num_prompts": prompts,
@@ -252,8 +276,11 @@ def engine_flags(model_dir: Path, args: argparse.Namespace) -> list[str]:
 
 def atom_server(model_dir: Path, args: argparse.Namespace, log: Path) -> ServerProcess:
     # A long keep-alive: the client's connections idle between levels.
-    return ServerProcess(None, *engine_flags(model_dir, args), "--timeout-keep-alive", "3600",
-                         log=log)
+    extra = ["--timeout-keep-alive", "3600"]
+    if args.profile_at is not None:
+        extra += ["--torch-profiler-dir", str(log.parent / "traces")]
+        os.environ.setdefault("ATOM_PROFILER_MAX_STEPS", str(args.profile_steps))
+    return ServerProcess(None, *engine_flags(model_dir, args), *extra, log=log)
 
 
 class VllmServer(ServerProcess):
@@ -386,7 +413,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "--server-arg=--max-num-batched-tokens=4096 (repeatable)")
     p.add_argument("--warmups", type=int, default=2, help="requests before the first level")
     p.add_argument("--engine-requests", type=int, default=8,
-                   help="LLMEngine's concurrency-1 requests for the overhead ratio")
+                   help="LLMEngine's concurrency-1 requests for the overhead ratio (0: skip it)")
+    p.add_argument("--profile-at", type=parse_profile_at, default=None,
+                   help="C:SECONDS: a torch profiler trace of the concurrency-C level from "
+                        "SECONDS into it (under WORKDIR/traces; read it with "
+                        "bench/trace_steps.py)")
+    p.add_argument("--profile-steps", type=int, default=200,
+                   help="engine steps the trace holds at most (ATOM_PROFILER_MAX_STEPS)")
     p.add_argument("--vllm", action="store_true",
                    help="the same levels on vllm serve, where vLLM is installed")
     p.add_argument("--workdir", type=Path, default=None,
@@ -420,7 +453,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         elif args.vllm:
             server = VllmServer(model_dir, args.max_model_len, work / "vllm.log")
             vllm = timed("vllm serve", lambda: serve(server, model_dir, args, "vllm"))
-        engine = timed("LLMEngine", lambda: engine_tpot(model_dir, args))
+        engine = (timed("LLMEngine", lambda: engine_tpot(model_dir, args))
+                  if args.engine_requests > 0 else None)
         floor_ms = prefill_floor_ms(model_dir, args.input_len)
     except BaseException:
         print(f"\nthe model directory and server logs are kept in {work}", file=sys.stderr)
@@ -429,16 +463,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
     base = overhead_level(levels)
-    overhead = base["client"]["mean_tpot_ms"] / engine["tpot_ms"]
+    overhead = base["client"]["mean_tpot_ms"] / engine["tpot_ms"] if engine else None
     print(f"\n{args.config} (vocabulary: the tokenizer's {vocab}), {args.dummy} dummy weights, "
           f"{args.input_len} in / {args.output_len} out, ignore_eos; extra server flags: "
           f"{' '.join(args.server_arg) or 'none'}\n")
     print(results_table(levels, shape, vllm))
     print("\nwhere the time went, mean ms per request (server's /metrics around each level)\n")
     print(split_table(levels))
-    print(f"\nserver overhead at concurrency {base['concurrency']}: client TPOT "
-          f"{base['client']['mean_tpot_ms']:.2f} ms / LLMEngine TPOT {engine['tpot_ms']:.2f} ms "
-          f"= {overhead:.3f} (target <= 1.03)")
+    if engine:
+        print(f"\nserver overhead at concurrency {base['concurrency']}: client TPOT "
+              f"{base['client']['mean_tpot_ms']:.2f} ms / LLMEngine TPOT "
+              f"{engine['tpot_ms']:.2f} ms = {overhead:.3f} (target <= 1.03)")
     print(f"prefill floor of one {args.input_len}-token prompt: {floor_ms:.2f} ms "
           f"(its GEMMs at {H200_BF16_FLOPS / 1e12:.0f} TFLOP/s bf16, the H200's measured rate)")
 

@@ -136,7 +136,7 @@ def test_a_run_on_cpu_with_a_tiny_qwen3(tmp_path):
            "--levels", "1:2,2:4", "--input-len", "16", "--output-len", "4",
            "--max-model-len", "128", "--device", "cpu", "--engine-requests", "2",
            "--workdir", str(tmp_path / "work"), "--result-dir", str(tmp_path / "client"),
-           "--json", str(out)]
+           "--json", str(out), "--profile-at", "2:0"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -149,3 +149,5 @@ def test_a_run_on_cpu_with_a_tiny_qwen3(tmp_path):
     assert data["server_overhead"] > 0
     assert data["engine"]["requests"] == 2
     assert "| 1 (2) | request throughput req/s |" in proc.stdout
+    # --profile-at traced the concurrency-2 level from its start.
+    assert list((tmp_path / "work" / "traces").rglob("*.json.gz")), proc.stdout[-2000:]
