@@ -97,12 +97,16 @@ TTFT_PARTS = ("frontend", "queue", "prefill", "first_token_delivery")
 # ----------------------------------------------------------------------------- model dir
 
 
-def make_model_dir(config: Path, dest: Path) -> Path:
-    """``dest`` holding ``config`` with the embedded GGUF's tokenizer (its vocabulary and
-    special-token ids written into the config)."""
+def make_model_dir(config: Path, dest: Path, tokenizer: Path | None = None) -> Path:
+    """``dest`` holding ``config`` with the embedded GGUF's tokenizer, or the one saved in
+    the directory ``tokenizer`` (its vocabulary and special-token ids written into the
+    config)."""
+    from transformers import AutoTokenizer
+
     from atom_core.loader import embedded_model_path, load_gguf_tokenizer
 
-    tok = load_gguf_tokenizer(embedded_model_path())
+    tok = (AutoTokenizer.from_pretrained(tokenizer) if tokenizer is not None
+           else load_gguf_tokenizer(embedded_model_path()))
     cfg = json.loads(Path(config).read_text())
     cfg.update(vocab_size=len(tok), bos_token_id=tok.bos_token_id,
                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -414,6 +418,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmups", type=int, default=2, help="requests before the first level")
     p.add_argument("--engine-requests", type=int, default=8,
                    help="LLMEngine's concurrency-1 requests for the overhead ratio (0: skip it)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="a directory holding the tokenizer saved from the embedded GGUF, for "
+                        "a machine without the GGUF (make_model_dir writes one)")
     p.add_argument("--profile-at", type=parse_profile_at, default=None,
                    help="C:SECONDS: a torch profiler trace of the concurrency-C level from "
                         "SECONDS into it (under WORKDIR/traces; read it with "
@@ -441,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     t0 = time.perf_counter()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="atom-serving-gpu-"))
-    model_dir = make_model_dir(args.config, work / "model")
+    model_dir = make_model_dir(args.config, work / "model", args.tokenizer)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     shape = (args.input_len, args.output_len)
     try:
