@@ -35,6 +35,7 @@ class CudaGraphRunner:
         self.sizes = sorted({s for s in capture_sizes if 0 < s <= inputs.max_seqs})
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.pool: object | None = None  # the graphs' memory pool, for others to share
 
     def padded_size(self, n: int) -> int | None:
         """The captured size that serves ``n`` sequences, or None (run eagerly)."""
@@ -64,6 +65,7 @@ class CudaGraphRunner:
                 torch.cuda.synchronize()
             pool = graph.pool()
             self.graphs[n] = graph
+        self.pool = pool
         torch.cuda.synchronize()
         logger.info(
             "captured %d CUDA graphs (decode batch sizes %s) in %.1f s",

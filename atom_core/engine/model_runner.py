@@ -13,6 +13,7 @@ from atom_core.engine.annotations import annotate
 from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.cuda_graphs import CudaGraphRunner
 from atom_core.engine.input_batch import DecodeInputs
+from atom_core.engine.prefill_graphs import PrefillGraphs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
@@ -69,6 +70,7 @@ class ModelRunner:
         self.fast_decode = device.type == "cuda"
         self.decode_inputs: DecodeInputs | None = None
         self.graphs: CudaGraphRunner | None = None
+        self.prefill: PrefillGraphs | None = None
         self._sampling_cache: tuple[tuple[int, ...], SamplingBatch] | None = None
         if self.fast_decode:
             self._setup_fast_decode()
@@ -108,6 +110,27 @@ class ModelRunner:
             self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len, tracer
         )
         self.graphs.capture()
+        if all(getattr(a.backend, "prefill_graph_safe", False) for a in self.attention_layers):
+            self._setup_prefill_graphs(use_graphs=True)
+        else:
+            logger.info("attention backend %s has no graph-safe prefill: prompts run eagerly",
+                        self.attention_backend_name)
+
+    def _setup_prefill_graphs(self, use_graphs: bool) -> None:
+        """Static inputs for steps of one sequence's prompt and (``use_graphs``) their
+        graphs; without graphs, the CPU runs the same padded inputs eagerly (tests)."""
+        sched = self.config.scheduler_config
+        max_len = sched.max_model_len or 1
+        sizes = [s for s in self.config.compilation_config.prefill_cudagraph_sizes
+                 if s <= min(sched.max_num_batched_tokens, max_len)]
+        if not sizes:
+            return
+        self.prefill = PrefillGraphs(
+            self.model, sizes, -(-max_len // self.block_size), self.block_size, max_len,
+            self.device, use_graphs,
+        )
+        if use_graphs:
+            self.prefill.capture(self.graphs.pool if self.graphs is not None else None)
 
     # --- KV cache -----------------------------------------------------------------------
 
@@ -187,6 +210,8 @@ class ModelRunner:
         with annotate(batch):
             if self.decode_inputs is not None and self.is_plain_decode(batch):
                 return self._launch_decode(batch.seqs, ids_from)
+            if self.prefill is not None and self.is_lone_prefill(batch):
+                return self._launch_prefill(batch)
             return self._launch_eager(batch, ids_from)
 
     def _launch_eager(self, batch: ScheduledBatch, ids_from: PendingStep | None) -> PendingStep:
@@ -226,6 +251,31 @@ class ModelRunner:
                     and len(s.prompt_logprobs) < s.num_prompt_tokens):
                 return False
         return True
+
+    def is_lone_prefill(self, batch: ScheduledBatch) -> bool:
+        """One sequence computes 2+ tokens, a prefill graph holds them, it owes no prompt
+        logprobs and none of the tokens is a placeholder (a queued step's, unread)."""
+        if len(batch.seqs) != 1 or self.prefill is None:
+            return False
+        seq, n = batch.seqs[0], batch.num_scheduled_tokens[0]
+        sp = seq.sampling_params
+        return (
+            n >= 2 and self.prefill.padded_size(n) is not None
+            and (sp.prompt_logprobs is None or len(seq.prompt_logprobs) >= seq.num_prompt_tokens)
+            and (seq.token_ids[-1] != PLACEHOLDER_TOKEN
+                 or seq.num_computed_tokens + n < seq.num_tokens)
+        )
+
+    def _launch_prefill(self, batch: ScheduledBatch) -> PendingStep:
+        seq = batch.seqs[0]
+        # Built before the forward is queued, so its small copies go ahead of it.
+        sbatch = self._sampling_batch([seq]) if batch.sample_mask[0] else None
+        assert self.prefill is not None
+        logits = self.prefill.run(seq, batch.num_scheduled_tokens[0])
+        if sbatch is None:  # a chunk short of the prompt's end: nothing to sample
+            nothing = torch.empty(0, dtype=torch.long, device=self.device)
+            return PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [])
+        return self._send_back([seq], self.sampler(logits, sbatch))
 
     def _launch_decode(self, seqs: list[Sequence], ids_from: PendingStep | None) -> PendingStep:
         """The GPU decode path: inputs into the static buffers, then a graph replay (or the

@@ -48,9 +48,16 @@ class AttentionBackend(ABC):
     ``AttentionInput``'s norms and RoPE still to apply. Every backend has it: the default
     runs the input's ops, then ``forward``; a backend whose kernels can fold the attention
     input into their own launch overrides it.
+
+    ``cuda_graph_safe``: a decode-only batch runs from its tensors alone, so CUDA graphs of
+    decode steps replay it. ``prefill_graph_safe``: so does a batch of one sequence
+    computing many tokens, given metadata whose host-side facts were fixed at capture
+    (``max_query_len`` the padded token count; engine/prefill_graphs.py).
     """
 
     accepts_written_cache: bool = False
+    cuda_graph_safe: bool = False
+    prefill_graph_safe: bool = False
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads

@@ -35,6 +35,9 @@ class TritonAttentionBackend(AttentionBackend):
     """MHA/GQA over the common ``[2, num_blocks, block_size, kv_heads, head_dim]`` cache."""
 
     cuda_graph_safe = True
+    # One sequence's prefill reads everything but the grid's max_query_len from the device;
+    # the plan of decode/prefill indices is cached on the metadata before capture.
+    prefill_graph_safe = True
     accepts_written_cache = True
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
