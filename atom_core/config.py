@@ -64,8 +64,11 @@ class SchedulerConfig:
     max_model_len: int | None = opt(
         None, ("--max-model-len",), "maximum context length (default: the model's)"
     )
+    # 4096: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at concurrency
+    # 64 on an H200): a third off the median time to first token at the same request
+    # rate, for a TPOT still near vLLM's; smaller caps trade more TPOT for TTFT.
     mixed_prefill_tokens: int = opt(
-        0, ("--mixed-prefill-tokens",),
+        4096, ("--mixed-prefill-tokens",),
         "while sequences decode, a step computes at most this many prompt tokens beside them "
         "(longer prompts are chunked), so decodes are not held up by a long prefill and "
         "prompts stream their first tokens sooner; with nothing decoding a step takes up to "

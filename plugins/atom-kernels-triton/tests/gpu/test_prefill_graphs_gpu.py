@@ -25,8 +25,9 @@ def run(graphs: bool, prompts: list[list[int]], **kw) -> tuple[list[list[int]], 
                     prefill_cudagraph_sizes=[16, 32, 64, 128] if graphs else [], **kw)
     assert (eng.runner.prefill is not None) == graphs
     lone: list[int] = []
-    if graphs:
-        assert sorted(eng.runner.prefill.graphs) == [16, 32, 64, 128]
+    if graphs:  # sizes past the step's token budget are never needed, so not captured
+        budget = kw.get("max_num_batched_tokens", 512)
+        assert sorted(eng.runner.prefill.graphs) == [s for s in (16, 32, 64, 128) if s <= budget]
         launch = eng.runner._launch_prefill
 
         def spy(batch):
