@@ -83,6 +83,7 @@ class EngineClient:
         self.model_name = served_model_name or model or "SmolLM2-135M-Instruct"
         self.model_aliases = {self.model_name, model} - {None}
         self.max_model_len = 0
+        self.vocab_size = 0
         self.ready: EngineReady | None = None
         self.dead_reason: str | None = None
         self.stats_listeners: list[Callable[[EngineStats], None]] = []
@@ -136,6 +137,12 @@ class EngineClient:
                 raise ConfigError("the engine did not start in time")
         self.ready = msg
         self.max_model_len = msg.max_model_len
+        self.vocab_size = msg.vocab_size
+        if len(self.tokenizer) > msg.vocab_size:
+            logger.warning(
+                "the tokenizer has %d tokens, the model's vocabulary %d: prompts holding ids "
+                "past it are refused (400)", len(self.tokenizer), msg.vocab_size,
+            )
         self._reader = asyncio.create_task(self._read_loop(), name="atom-engine-reader")
 
     async def shutdown(self) -> None:

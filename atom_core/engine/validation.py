@@ -38,8 +38,8 @@ def check_request(
     param: str = "prompt",
 ) -> None:
     """InvalidRequestError for the first thing wrong with a request, naming ``param`` for
-    the prompt's faults. ``vocab_size`` bounds the ids (None: they are the model's own
-    tokenizer's, so in its vocabulary already)."""
+    the prompt's faults. ``vocab_size`` bounds the ids: the model's vocabulary, which a
+    tokenizer named by --tokenizer may exceed (None: no bound)."""
     n = len(prompt_token_ids)
     if n == 0:
         raise InvalidRequestError("the prompt is empty", param=param)

@@ -13,6 +13,7 @@ from atom_core.sampling_params import SamplingParams
 class EngineClientAPI(Protocol):
     model_name: str  # the served model name (--served-model-name, else the model path)
     max_model_len: int
+    vocab_size: int  # the model's vocabulary: every prompt id must be below it
     tokenizer: Any  # a transformers tokenizer (encode/decode)
     chat_template: str | None
 

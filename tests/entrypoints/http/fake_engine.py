@@ -38,6 +38,7 @@ class FakeEngineClient:
         self.model_aliases = {MODEL, "/models/fake"}
         self.max_model_len = max_model_len
         self.tokenizer = tiny_tokenizer()
+        self.vocab_size = len(self.tokenizer)
         self.chat_template = chat_template
         self.reply, self.endless, self.error, self.raises = reply, endless, error, raises
         self.calls: list[tuple[list[int], SamplingParams, str]] = []

@@ -23,6 +23,7 @@ class ScriptedEngine:
         self.model_aliases = {MODEL}
         self.max_model_len = max_model_len
         self.tokenizer = tiny_tokenizer()
+        self.vocab_size = len(self.tokenizer)
         self.chat_template = chat_template
         self.reply, self.chunk, self.error = reply, chunk, error
         self.prompts: list[str] = []

@@ -310,7 +310,8 @@ class AnthropicServingMessages:
             temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
             max_tokens=request.max_tokens, stop_strings=request.stop_sequences or None,
         )
-        check_request(prompt_ids, params, self.engine.max_model_len, param="messages")
+        check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
+                      param="messages")
         tool_choice, parallel = None, True
         if request.tool_choice is not None:
             tool_choice = request.tool_choice.model_dump(

@@ -277,7 +277,8 @@ class OpenAIServingChat:
         prompt, prompt_ids, show_reasoning = await self.render(request)
         # max_tokens null: as many as fit, which the engine's context cap enforces.
         params = request.to_sampling_params(self.engine.max_model_len)
-        check_request(prompt_ids, params, self.engine.max_model_len, param="messages")
+        check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
+                      param="messages")
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
                                      show_reasoning=show_reasoning,
                                      parallel_tool_calls=request.parallel_tool_calls)

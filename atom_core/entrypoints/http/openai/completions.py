@@ -113,12 +113,14 @@ class OpenAIServingCompletion:
         self, prompt: str | list[int], request: CompletionRequest, params: SamplingParams
     ) -> _Prompt:
         tokenizer, max_model_len = self.engine.tokenizer, self.engine.max_model_len
+        vocab = self.engine.vocab_size
         if isinstance(prompt, str):
             ids = self.tokens.encode(prompt, request.add_special_tokens, max_model_len, "prompt")
-            check_request(ids, params, max_model_len, param="prompt")
+            check_request(ids, params, max_model_len, vocab, param="prompt")
             return _Prompt(prompt, ids)
-        # A client's ids: bounded by the vocabulary, and checked before echo decodes them.
-        check_request(prompt, params, max_model_len, len(tokenizer), param="prompt")
+        # A client's ids: bounded by the model's vocabulary and the tokenizer's (echo
+        # decodes them), checked before either reads them.
+        check_request(prompt, params, max_model_len, min(len(tokenizer), vocab), param="prompt")
         text = tokenizer.decode(prompt) if request.echo else ""
         return _Prompt(text, list(prompt))
 
