@@ -127,7 +127,7 @@ class ModelRunner:
             return
         self.prefill = PrefillGraphs(
             self.model, sizes, -(-max_len // self.block_size), self.block_size, max_len,
-            self.device, use_graphs,
+            self.device,
         )
         if use_graphs:
             self.prefill.capture(self.graphs.pool if self.graphs is not None else None)

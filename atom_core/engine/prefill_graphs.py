@@ -36,21 +36,19 @@ IDS, POSITIONS, SLOTS = range(3)
 QSL_END, SEQ_LEN, LAST_ROW, TABLE = 1, 2, 3, 4  # int32 fields (QSL start is always 0)
 
 
-
 class PrefillGraphs:
-    """Static inputs for one-sequence steps and, with ``use_graphs``, their CUDA graphs.
-    Without graphs (the CPU, tests) the same padded inputs run the model eagerly."""
+    """Static inputs for one-sequence steps and, once ``capture`` has run, their CUDA
+    graphs. Without graphs (the CPU, tests) the same padded inputs run the model eagerly."""
 
     def __init__(
         self, model: nn.Module, sizes: list[int], max_blocks: int, block_size: int,
-        max_model_len: int, device: torch.device, use_graphs: bool,
+        max_model_len: int, device: torch.device,
     ) -> None:
         self.model = model
         self.sizes = sorted({s for s in sizes if s >= 2})
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.device = device
-        self.use_graphs = use_graphs
         top = self.sizes[-1]
         pin = device.type == "cuda"
         self.host = torch.zeros((3, top), dtype=torch.long, pin_memory=pin)
@@ -66,10 +64,6 @@ class PrefillGraphs:
     def padded_size(self, n: int) -> int | None:
         i = bisect.bisect_left(self.sizes, n)
         return self.sizes[i] if i < len(self.sizes) else None
-
-    def serves(self, seq: Sequence, n: int) -> bool:
-        """Whether a step computing ``n`` of ``seq``'s tokens, alone, can run here."""
-        return n >= 2 and self.padded_size(n) is not None
 
     def _meta(self, size: int, n: int, seq_len: int) -> AttentionMetadata:
         d = self.dev_small
