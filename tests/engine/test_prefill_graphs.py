@@ -79,6 +79,8 @@ def test_chunks_and_cached_prefixes_start_mid_sequence():
 def test_padding_rows_write_no_cache_slot():
     eng = engine(True, num_gpu_blocks_override=64, max_model_len=128)
     caches = [layer.kv_cache for layer in eng.runner.attention_layers]
+    for c in caches:  # allocated uninitialised: a NaN there would never compare equal
+        c.fill_(0.5)
     before = [c.clone() for c in caches]
     rid = eng.add_request([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=1, temperature=0.0))[0]
     seq = eng._requests[rid].seq
