@@ -20,11 +20,14 @@ class PluginConflictError(AtomError):
 
 
 class InvalidRequestError(AtomError, ValueError):
-    """A request is malformed; ``param`` names the offending field when there is one."""
+    """A request is malformed; ``param`` names the offending field when there is one, and
+    ``code`` is the error's machine-readable code in OpenAI's body (e.g.
+    ``context_length_exceeded``) when it has one."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class ModelNotFoundError(AtomError):

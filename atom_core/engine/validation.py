@@ -26,7 +26,7 @@ def context_error(
     return InvalidRequestError(
         f"This model's maximum context length is {max_model_len} tokens. However, your "
         f"prompt has {has} tokens, which leaves no room to generate one.",
-        param=param,
+        param=param, code="context_length_exceeded",
     )
 
 

@@ -90,6 +90,7 @@ def test_body_under_the_limit_reaches_the_handler(http):
     body = {"prompt": "x" * (BODY_LIMIT - 100), "max_tokens": 1}
     err = openai_error(http.post("/v1/completions", json=body), 400, "invalid_request_error")
     assert "maximum context length" in err["message"]  # read, tokenized, refused on length
+    assert err["code"] == "context_length_exceeded"
 
 
 # ------------------------------------------------------------------ prompts and sequences

@@ -25,7 +25,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from atom_core.entrypoints.http.openai.protocol import ErrorInfo, ErrorResponse
 from atom_core.entrypoints.http.sse import json_response
-from atom_core.errors import AtomError, AuthenticationError, ModelNotFoundError, http_status
+from atom_core.errors import (
+    AtomError,
+    AuthenticationError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    http_status,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +81,8 @@ def error_body(
 
 
 def error_code(exc: BaseException) -> str | None:
+    if isinstance(exc, InvalidRequestError) and exc.code is not None:
+        return exc.code
     return next((code for cls, code in ERROR_CODES.items() if isinstance(exc, cls)), None)
 
 

@@ -286,6 +286,7 @@ def test_prompt_too_long_names_the_context_length():
     engine = FakeEngineClient(max_model_len=16)
     err = assert_error(post(engine, "/v1/chat/completions", {"messages": USER}), 400, "messages")
     assert "maximum context length is 16 tokens" in err["message"]
+    assert err["code"] == "context_length_exceeded"  # OpenAI's code for it
 
 
 def test_unknown_model_message():
