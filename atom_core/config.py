@@ -248,6 +248,9 @@ class Config:
             raise ConfigError("--num-gpu-blocks-override must be >= 1")
         if s.max_num_seqs < 1 or s.max_num_batched_tokens < 1:
             raise ConfigError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+        if any(n < 2 for n in self.compilation_config.prefill_cudagraph_sizes):
+            raise ConfigError("--prefill-cudagraph-sizes must be token counts of 2 or more "
+                              "(a one-token step is a decode)")
         if s.mixed_prefill_tokens < 0:
             raise ConfigError("--mixed-prefill-tokens must be >= 0 (0: no cap of its own)")
         if s.max_model_len is not None and s.max_model_len < 1:

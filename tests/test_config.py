@@ -82,6 +82,8 @@ def test_load_dummy_forms(argv, mode):
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
         (["--enable-expert-parallel"], "not supported yet"),
         (["--level", "3"], "torch.compile"),
+        (["--prefill-cudagraph-sizes", "1", "64"], "2 or more"),
+        (["--mixed-prefill-tokens", "-1"], "must be >= 0"),
     ],
 )
 def test_unimplemented_or_invalid_flags_are_refused(argv, message):

@@ -45,7 +45,7 @@ class PrefillGraphs:
         max_model_len: int, device: torch.device,
     ) -> None:
         self.model = model
-        self.sizes = sorted({s for s in sizes if s >= 2})
+        self.sizes = sorted(set(sizes))
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.device = device
