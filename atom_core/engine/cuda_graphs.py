@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,6 +22,21 @@ from atom_core.engine.input_batch import DecodeInputs
 from atom_core.layers.context import forward_context
 
 logger = logging.getLogger(__name__)
+
+
+def capture_graph(
+    forward: Callable[[], torch.Tensor], pool: object | None
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``forward`` run once eagerly (Triton compiles and autotunes, backends cache their
+    plans, all outside the capture), then captured into a graph sharing ``pool``; the graph
+    and its static output."""
+    forward()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    torch.cuda.synchronize()
+    return graph, out
 
 
 class CudaGraphRunner:
@@ -57,12 +73,7 @@ class CudaGraphRunner:
         pool = None
         for n in reversed(self.sizes):
             with self.tracer.trace(n):
-                self._forward(n)  # warm-up: Triton compiles and autotunes outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.logits[n] = self._forward(n)
-                torch.cuda.synchronize()
+                graph, self.logits[n] = capture_graph(lambda n=n: self._forward(n), pool)
             pool = graph.pool()
             self.graphs[n] = graph
         self.pool = pool

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from atom_core.engine.cuda_graphs import capture_graph
 from atom_core.engine.sequence import Sequence
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.context import forward_context
@@ -48,7 +49,6 @@ class PrefillGraphs:
         self.sizes = sorted(set(sizes))
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.device = device
         top = self.sizes[-1]
         pin = device.type == "cuda"
         self.host = torch.zeros((3, top), dtype=torch.long, pin_memory=pin)
@@ -118,12 +118,9 @@ class PrefillGraphs:
                        size, write=False)
             meta = self._meta(size, size, self.max_model_len)
             self._metas[size] = meta
-            self._forward(size, meta)  # Triton compiles and backends cache plans outside capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size, meta)
-            torch.cuda.synchronize()
+            graph, self.logits[size] = capture_graph(
+                lambda size=size, meta=meta: self._forward(size, meta), pool
+            )
             pool = graph.pool()
             self.graphs[size] = graph
         logger.info("captured %d prefill CUDA graphs (one sequence, %d to %d tokens) in %.1f s",

@@ -34,19 +34,19 @@ def check_request(
     prompt_token_ids: Sequence[int],
     params: SamplingParams,
     max_model_len: int,
-    vocab_size: int | None = None,
+    vocab_size: int,
     param: str = "prompt",
 ) -> None:
     """InvalidRequestError for the first thing wrong with a request, naming ``param`` for
     the prompt's faults. ``vocab_size`` bounds the ids: the model's vocabulary, which a
-    tokenizer named by --tokenizer may exceed (None: no bound)."""
+    tokenizer named by --tokenizer may exceed, so text prompts are checked too."""
     n = len(prompt_token_ids)
     if n == 0:
         raise InvalidRequestError("the prompt is empty", param=param)
     if n >= max_model_len:
         raise context_error(max_model_len, n, param)
     ids = prompt_token_ids
-    if vocab_size is not None and (min(ids) < 0 or max(ids) >= vocab_size):  # C-speed scans
+    if min(ids) < 0 or max(ids) >= vocab_size:  # C-speed scans
         bad = next(t for t in ids if not 0 <= t < vocab_size)
         raise InvalidRequestError(
             f"token id {bad} is not in the vocabulary [0, {vocab_size})", param=param
