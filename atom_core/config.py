@@ -117,8 +117,9 @@ class CompilationConfig:
     )
     prefill_cudagraph_sizes: list[int] = opt(
         DEFAULT_PREFILL_CAPTURE_SIZES, ("--prefill-cudagraph-sizes",),
-        "token counts captured as CUDA graphs for a step of one sequence's prompt (a lone "
-        "request's prefill; padded up to the next size); none: run such steps eagerly",
+        "token counts captured as CUDA graphs for steps that compute prompt tokens (a lone "
+        "prompt, chunks, prompts beside running decodes; padded up to the next size); none: "
+        "run such steps eagerly",
         nargs="*",
     )
 

@@ -13,10 +13,10 @@ from atom_core.engine.annotations import annotate
 from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.cuda_graphs import CudaGraphRunner
 from atom_core.engine.input_batch import DecodeInputs
-from atom_core.engine.prefill_graphs import PrefillGraphs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
+from atom_core.engine.step_graphs import StepGraphs
 from atom_core.engine.step_inputs import eager_inputs
 from atom_core.layers.context import forward_context
 from atom_core.layers.sampler import Sampler, SamplerOutput, SamplingBatch, prompt_logprobs
@@ -70,7 +70,7 @@ class ModelRunner:
         self.fast_decode = device.type == "cuda"
         self.decode_inputs: DecodeInputs | None = None
         self.graphs: CudaGraphRunner | None = None
-        self.prefill: PrefillGraphs | None = None
+        self.steps: StepGraphs | None = None
         self._sampling_cache: tuple[tuple[int, ...], SamplingBatch] | None = None
         if self.fast_decode:
             self._setup_fast_decode()
@@ -110,27 +110,32 @@ class ModelRunner:
             self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len, tracer
         )
         self.graphs.capture()
-        if all(getattr(a.backend, "prefill_graph_safe", False) for a in self.attention_layers):
-            self._setup_prefill_graphs(use_graphs=True)
+        if all(getattr(a.backend, "step_graph_safe", False) for a in self.attention_layers):
+            self._setup_step_graphs(use_graphs=True)
         else:
-            logger.info("attention backend %s has no graph-safe prefill: prompts run eagerly",
-                        self.attention_backend_name)
+            logger.info("attention backend %s has no graph-safe mixed steps: steps with "
+                        "prompt tokens run eagerly", self.attention_backend_name)
 
-    def _setup_prefill_graphs(self, use_graphs: bool) -> None:
-        """Static inputs for steps of one sequence's prompt and (``use_graphs``) their
-        graphs; without graphs, the CPU runs the same padded inputs eagerly (tests)."""
+    def _setup_step_graphs(self, use_graphs: bool) -> None:
+        """Static inputs for steps with prompt tokens and (``use_graphs``) their graphs;
+        without graphs, the CPU runs the same padded inputs eagerly (tests)."""
         sched = self.config.scheduler_config
+        comp = self.config.compilation_config
         max_len = sched.max_model_len or 1
-        sizes = [s for s in self.config.compilation_config.prefill_cudagraph_sizes
-                 if s <= min(sched.max_num_batched_tokens, max_len)]
+        # Up to the first size that holds a whole step: larger ones are never replayed.
+        budget = sched.max_num_batched_tokens
+        sizes = sorted(comp.prefill_cudagraph_sizes)
+        sizes = [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] < budget]
         if not sizes:
             return
-        self.prefill = PrefillGraphs(
-            self.model, sizes, -(-max_len // self.block_size), self.block_size, max_len,
-            self.device,
+        # A captured step holds as many sequences as the largest decode graph.
+        max_seqs = min(sched.max_num_seqs, max(comp.cudagraph_capture_sizes, default=1))
+        self.steps = StepGraphs(
+            self.model, sizes, max_seqs, -(-max_len // self.block_size), self.block_size,
+            max_len, self.device,
         )
         if use_graphs:
-            self.prefill.capture(self.graphs.pool if self.graphs is not None else None)
+            self.steps.capture(self.graphs.pool if self.graphs is not None else None)
 
     # --- KV cache -----------------------------------------------------------------------
 
@@ -210,8 +215,8 @@ class ModelRunner:
         with annotate(batch):
             if self.decode_inputs is not None and self.is_plain_decode(batch):
                 return self._launch_decode(batch.seqs, ids_from)
-            if self.prefill is not None and self.is_lone_prefill(batch):
-                return self._launch_prefill(batch)
+            if self.steps is not None and self.is_graphed_step(batch):
+                return self._launch_graphed(batch, ids_from)
             return self._launch_eager(batch, ids_from)
 
     def _launch_eager(self, batch: ScheduledBatch, ids_from: PendingStep | None) -> PendingStep:
@@ -252,30 +257,30 @@ class ModelRunner:
                 return False
         return True
 
-    def is_lone_prefill(self, batch: ScheduledBatch) -> bool:
-        """One sequence computes 2+ tokens, a prefill graph holds them, it owes no prompt
-        logprobs and none of the tokens is a placeholder (a queued step's, unread)."""
-        if len(batch.seqs) != 1 or self.prefill is None:
-            return False
-        seq, n = batch.seqs[0], batch.num_scheduled_tokens[0]
-        sp = seq.sampling_params
-        return (
-            n >= 2 and self.prefill.padded_size(n) is not None
-            and (sp.prompt_logprobs is None or len(seq.prompt_logprobs) >= seq.num_prompt_tokens)
-            and (seq.token_ids[-1] != PLACEHOLDER_TOKEN
-                 or seq.num_computed_tokens + n < seq.num_tokens)
-        )
+    def is_graphed_step(self, batch: ScheduledBatch) -> bool:
+        """A step graph holds the batch (engine/step_graphs.py) and no sequence owes prompt
+        logprobs (they read every prompt row's hidden state, eagerly)."""
+        assert self.steps is not None
+        for s in batch.seqs:
+            sp = s.sampling_params
+            if sp.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens:
+                return False
+        return self.steps.fits(batch.seqs, batch.num_scheduled_tokens)
 
-    def _launch_prefill(self, batch: ScheduledBatch) -> PendingStep:
-        seq = batch.seqs[0]
+    def _launch_graphed(self, batch: ScheduledBatch, ids_from: PendingStep | None) -> PendingStep:
+        seqs = batch.seqs
+        sampling = [i for i, last in enumerate(batch.sample_mask) if last]
+        fill = _fill_map(seqs, sampling, ids_from)
+        chosen = [seqs[i] for i in sampling]
         # Built before the forward is queued, so its small copies go ahead of it.
-        sbatch = self._sampling_batch([seq]) if batch.sample_mask[0] else None
-        assert self.prefill is not None
-        logits = self.prefill.run(seq, batch.num_scheduled_tokens[0])
-        if sbatch is None:  # a chunk short of the prompt's end: nothing to sample
+        sbatch = self._sampling_batch(chosen) if chosen else None
+        assert self.steps is not None
+        hidden = self.steps.run(seqs, batch.num_scheduled_tokens, sampling, fill,
+                                ids_from.sampled if ids_from is not None else None)
+        if sbatch is None:  # chunks short of their prompts' ends: nothing to sample
             nothing = torch.empty(0, dtype=torch.long, device=self.device)
             return PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [])
-        return self._send_back([seq], self.sampler(logits, sbatch))
+        return self._send_back(chosen, self.sampler(self.model.compute_logits(hidden), sbatch))
 
     def _launch_decode(self, seqs: list[Sequence], ids_from: PendingStep | None) -> PendingStep:
         """The GPU decode path: inputs into the static buffers, then a graph replay (or the

@@ -74,6 +74,21 @@ class _Packer:
         return views
 
 
+def token_layout(
+    starts: list[int], counts: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A flat step where sequence i computes ``counts[i]`` tokens from position
+    ``starts[i]``: (query_start_loc [S+1], the sequence of each token [T], each token's
+    position [T]), int64."""
+    lens = np.asarray(counts, dtype=np.int64)
+    qsl = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(lens, out=qsl[1:])
+    owner = np.repeat(np.arange(len(counts)), lens)
+    positions = np.arange(int(qsl[-1]), dtype=np.int64) + (
+        np.asarray(starts, dtype=np.int64) - qsl[:-1])[owner]
+    return qsl, owner, positions
+
+
 def eager_inputs(
     token_rows: list[list[int]] | None,
     starts: list[int],
@@ -91,13 +106,9 @@ def eager_inputs(
     previous step's sampled ids at that index. ``token_rows`` None: no ids (a profiling run)."""
     n = len(counts)
     lens = np.asarray(counts, dtype=np.int64)
-    first = np.asarray(starts, dtype=np.int64)
-    qsl = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lens, out=qsl[1:])
+    qsl, owner, positions = token_layout(starts, counts)
     total = int(qsl[-1])
-    owner = np.repeat(np.arange(n), lens)  # the sequence of each flat token
-    positions = np.arange(total, dtype=np.int64) + (first - qsl[:-1])[owner]
-    seq_lens = first + lens
+    seq_lens = np.asarray(starts, dtype=np.int64) + lens
     width = -(-max(len(t) for t in tables) // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
     table_rows = np.full((n, width), -1, dtype=np.int32)
     for i, t in enumerate(tables):

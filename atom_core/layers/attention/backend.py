@@ -50,14 +50,15 @@ class AttentionBackend(ABC):
     input into their own launch overrides it.
 
     ``cuda_graph_safe``: a decode-only batch runs from its tensors alone, so CUDA graphs of
-    decode steps replay it. ``prefill_graph_safe``: so does a batch of one sequence
-    computing many tokens, given metadata whose host-side facts were fixed at capture
-    (``max_query_len`` the padded token count; engine/prefill_graphs.py).
+    decode steps replay it. ``step_graph_safe``: so does any batch (prompts, chunks and
+    decodes mixed) given metadata whose host-side facts were fixed at capture and whose
+    ``decode_seqs``/``prefill_seqs`` say on the device which sequences are which
+    (engine/step_graphs.py).
     """
 
     accepts_written_cache: bool = False
     cuda_graph_safe: bool = False
-    prefill_graph_safe: bool = False
+    step_graph_safe: bool = False
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads

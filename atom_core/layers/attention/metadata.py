@@ -21,6 +21,13 @@ class AttentionMetadata:
     seq_lens         [S] int32   context length of each sequence including this step
     block_tables     [S, max_blocks] int32  the sequence's blocks in order; padding is -1
     max_query_len / max_seq_len / is_decode_only: host-side facts, so backends need no sync
+
+    A captured step (engine/step_graphs.py) fixes the host-side facts at capture:
+    ``max_query_len`` is then the step's padded token count, the lists are placeholders,
+    and the split of sequences into decodes and prefills comes on the device instead:
+    decode_seqs      [D] int32   sequences with query_len 1, then -1 (padding)
+    prefill_seqs     [P] int32   sequences with query_len > 1, then -1
+    Backends that declare ``step_graph_safe`` read them when they are set.
     """
 
     slot_mapping: torch.Tensor
@@ -32,6 +39,8 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    decode_seqs: torch.Tensor | None = None
+    prefill_seqs: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -3,7 +3,9 @@
 Graph-safe: a decode-only batch is computed from tensors alone (seq_lens, block_tables,
 query_start_loc, slot_mapping) with a grid that depends only on tensor shapes, so a
 captured CUDA graph replays it for any contents of those tensors. Mixed and prefill
-batches (always eager) use the host-side query lengths to split decodes from prefills.
+batches split decodes from prefills by the host-side query lengths when eager, and by the
+metadata's padded ``decode_seqs``/``prefill_seqs`` when captured: both kernels skip the
+-1 padding, and the prefill grid spans the step's padded token count.
 """
 
 from __future__ import annotations
@@ -35,9 +37,7 @@ class TritonAttentionBackend(AttentionBackend):
     """MHA/GQA over the common ``[2, num_blocks, block_size, kv_heads, head_dim]`` cache."""
 
     cuda_graph_safe = True
-    # One sequence's prefill reads everything but the grid's max_query_len from the device;
-    # the plan of decode/prefill indices is cached on the metadata before capture.
-    prefill_graph_safe = True
+    step_graph_safe = True
     accepts_written_cache = True
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
@@ -117,6 +117,8 @@ class TritonAttentionBackend(AttentionBackend):
     @staticmethod
     def _plan(meta: AttentionMetadata, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(decode sequence indices, prefill sequence indices), made once per batch."""
+        if meta.decode_seqs is not None and meta.prefill_seqs is not None:
+            return meta.decode_seqs, meta.prefill_seqs
         plan = getattr(meta, _PLAN, None)
         if plan is None:
             starts = meta.query_start_loc_cpu

@@ -173,8 +173,16 @@ def _decode_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    s = tl.load(seq_idx_ptr + b) if HAS_SEQ_IDX else b
-    seq_len = tl.load(seq_lens_ptr + s)
+    if HAS_SEQ_IDX:
+        # A negative entry is padding (a captured step's unused decode capacity): it reads
+        # sequence 0 as an empty context and stores nothing. Masks, not an early return,
+        # keep the control flow the other grids were tuned with.
+        entry = tl.load(seq_idx_ptr + b)
+        s = tl.maximum(entry, 0)
+        seq_len = tl.where(entry >= 0, tl.load(seq_lens_ptr + s), 0)
+    else:
+        s = b
+        seq_len = tl.load(seq_lens_ptr + s)
     row = tl.load(qsl_ptr + s).to(tl.int64)  # this sequence's query row in the flat batch
     # Split length rounded to whole tiles; splits past the context end do no work.
     split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -261,6 +269,8 @@ def _decode_kernel(
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
     omask = hmask[:, None] & dmask[None, :]
+    if HAS_SEQ_IDX:
+        omask = omask & ((offs_h * 0 + entry) >= 0)[:, None]
     out_ptrs = out_ptr + row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
     if NUM_SPLITS == 1:
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=omask)
@@ -328,7 +338,7 @@ def paged_decode_attention(
     out: torch.Tensor,  # [T, H, D], written at the decode rows
     scale: float,
     num_splits: int,
-    seq_idx: torch.Tensor | None = None,  # only these sequences (a mixed batch's decodes)
+    seq_idx: torch.Tensor | None = None,  # a mixed batch's decodes only; -1 is padding
     tile: tuple[int, int, int] | None = None,  # (BLOCK_N, num_warps, num_stages): tuning only
     new_tokens: NewTokenInput | None = None,
 ) -> None:

@@ -100,6 +100,8 @@ def _prefill_kernel(
 ):
     h = tl.program_id(0)
     s = tl.load(seq_idx_ptr + tl.program_id(1))
+    if s < 0:  # padding: a captured step's unused prompt capacity
+        return
     mblk = tl.num_programs(2) - 1 - tl.program_id(2)  # last (longest) tiles launch first
     q_start = tl.load(qsl_ptr + s)
     q_len = tl.load(qsl_ptr + s + 1) - q_start
@@ -170,8 +172,8 @@ def paged_prefill_attention(
     block_tables: torch.Tensor,  # [S, max_blocks] int32
     seq_lens: torch.Tensor,  # [S]
     query_start_loc: torch.Tensor,  # [S + 1]
-    seq_idx: torch.Tensor,  # [P] the sequences to compute
-    max_query_len: int,
+    seq_idx: torch.Tensor,  # [P] the sequences to compute; -1 is padding
+    max_query_len: int,  # the grid's bound: a captured step passes its token count
     out: torch.Tensor,  # [T, H, D]
     scale: float,
 ) -> None:

@@ -101,6 +101,7 @@ def check_decode(q, cache, meta, num_splits, seq_idx=None):
                            scale, num_splits, seq_idx=seq_idx)
     ref = decode_reference(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
     rows = torch.arange(q.shape[0], device=q.device) if seq_idx is None else seq_idx.long()
+    rows = rows[rows >= 0]  # -1 entries are padding
     err = rel_err(out[rows], ref[rows])
     assert err < tolerance(q.dtype), err
     empty = rows[meta.seq_lens[rows] == 0]
@@ -129,6 +130,16 @@ def test_decode_kernel_back_to_back_calls(num_splits):
     check_decode(q2, cache2, meta2, num_splits,
                  seq_idx=torch.tensor([2, 1, 0], dtype=torch.int32, device=DEVICE))
     check_decode(q, cache, meta, num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4, 32])
+def test_decode_kernel_padding_entries_store_nothing(num_splits):
+    # A captured mixed step pads its decode indices with -1 up to the graph's capacity:
+    # those programs read no context and write no row.
+    q, cache, meta = decode_inputs([0, 9, 40, 3, 17], 4, 2, 16, 4, torch.float32, seed=3)
+    idx = torch.tensor([3, -1, 1, -1, -1, 0], dtype=torch.int32, device=DEVICE)
+    out = check_decode(q, cache, meta, num_splits, seq_idx=idx)
+    assert out[[2, 4]].isnan().all()
 
 
 def test_split_rule():
@@ -190,7 +201,8 @@ def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size
     starts = meta.query_start_loc_cpu
     picked = torch.zeros(t, dtype=torch.bool)
     for i in seqs:
-        picked[starts[i] : starts[i + 1]] = True
+        if i >= 0:  # -1 entries are padding
+            picked[starts[i] : starts[i + 1]] = True
     picked = picked.to(device)
     err = rel_err(out[picked], ref.view(t, heads, head_dim)[picked])
     assert err < tolerance(dtype), err
@@ -220,6 +232,27 @@ def test_prefill_kernel_head_dims(head_dim):
 
 def test_prefill_kernel_only_selected_sequences():
     prefill_case([20, 33, 1, 9], [20, 80, 4, 30], 4, 2, 16, 8, torch.float32, select=[3, 1])
+
+
+def test_prefill_kernel_padding_entries_compute_nothing():
+    prefill_case([20, 33, 1, 9], [20, 80, 4, 30], 4, 2, 16, 8, torch.float32,
+                 select=[-1, 3, -1, 1, -1])
+
+
+def test_captured_step_metadata_pads_both_kernels():
+    """As a step graph runs it: the decode/prefill split comes on the device, padded with
+    -1, and the prefill grid spans the padded token count, not the longest query."""
+    lens, ctx = [1, 12, 1, 3], [30, 12, 9, 20]
+    meta, cache = paged_batch(lens, ctx, 4, 2, 16, torch.float32, DEVICE, 0)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(sum(lens), n * 16, generator=g).to(DEVICE) for n in (8, 2, 2))
+    ref, _ = native_attention(q, k, v, cache.clone(), meta, 8, 2, 16)
+    meta.decode_seqs = torch.tensor([0, 2, -1, -1, -1], dtype=torch.int32, device=DEVICE)
+    meta.prefill_seqs = torch.tensor([3, 1, -1], dtype=torch.int32, device=DEVICE)
+    meta.max_query_len = 64
+    meta.query_start_loc_cpu = meta.seq_lens_cpu = None  # a captured step has no host facts
+    out = TritonAttentionBackend(8, 16, 2, 16**-0.5).forward(q, k, v, cache, meta)
+    assert rel_err(out, ref) < tolerance(torch.float32)
 
 
 @pytest.mark.parametrize("num_decodes", range(6))
