@@ -16,8 +16,8 @@ of a CUDA-graph replay all carry their ``cudaGraphLaunch``'s correlation. Printe
    the last kernel a step launched), GPU busy time (the union of kernel intervals on every
    stream, clipped to the window), the idle fraction, and the steps of each kind;
 2. per step kind and size (decode by batch size in powers of two, prefill by tokens:
-   <=1024, <=4096, <=16384, more): steps, mean CPU time of the range, mean GPU time of its
-   kernels (their sum), mean GPU span (first kernel start to last kernel end) and mean
+   <=256, <=384, <=512, <=768, <=1024, <=2048, <=4096, <=16384, more): steps, mean CPU
+   time of the range, mean GPU time of its kernels (their sum), mean GPU span (first kernel start to last kernel end) and mean
    host gap (this range's end to the next one's start: scheduling and output processing);
 3. the top kernels by GPU time within prefill steps and within decode steps;
 4. idle gaps: GPU idle time between consecutive kernels where the gap exceeds 50 us, by
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import markdown_table, write_json  # noqa: E402
 
 LABEL = re.compile(r"(prefill|decode)\[bs=(\d+) tok=(\d+)")
-PREFILL_BUCKETS = (1024, 4096, 16384)
+PREFILL_BUCKETS = (256, 384, 512, 768, 1024, 2048, 4096, 16384)
 GAP_US = 50.0
 KINDS = ("prefill", "decode")
 

@@ -56,7 +56,7 @@ def test_synthetic_trace_numbers():
     assert s["gpu_idle_fraction"] == pytest.approx(0.5)
     prefill, decode = s["groups"]
     assert prefill == pytest.approx({
-        "kind": "prefill", "size": "tok<=1024", "steps": 1, "cpu_ms": 0.1, "gpu_ms": 0.11,
+        "kind": "prefill", "size": "tok<=256", "steps": 1, "cpu_ms": 0.1, "gpu_ms": 0.11,
         "span_ms": 0.1, "gap_ms": 0.05})
     assert decode == pytest.approx({
         "kind": "decode", "size": "bs=2", "steps": 1, "cpu_ms": 0.05, "gpu_ms": 0.03,
@@ -77,7 +77,7 @@ def test_report_and_json(tmp_path, capsys):
     trace_steps.main([str(path), "--top", "1", "--json", str(tmp_path / "out.json")])
     out = capsys.readouterr().out
     assert "GPU busy: 0.13 ms (union of 4 kernels), idle 50.0%" in out
-    assert "| prefill | tok<=1024 | 1 | 0.100 | 0.110 | 0.100 | 0.050 |" in out
+    assert "| prefill | tok<=256 | 1 | 0.100 | 0.110 | 0.100 | 0.050 |" in out
     assert "| decode | bs=2 | 1 | 0.050 | 0.030 | 0.090 | - |" in out
     assert "| attn | 1 | 0.070 | 63.6% |" in out and "| gemm | 1 | 0.040" not in out
     assert "idle gaps > 50 us: 1, 0.060 ms: 0.060 ms in decode (1)" in out
@@ -87,7 +87,7 @@ def test_report_and_json(tmp_path, capsys):
 
 @pytest.mark.parametrize(("kind", "bs", "tok", "label"), [
     ("decode", 1, 1, "bs=1"), ("decode", 3, 3, "bs=3-4"), ("decode", 64, 64, "bs=33-64"),
-    ("prefill", 8, 1024, "tok<=1024"), ("prefill", 1, 1025, "tok<=4096"),
+    ("prefill", 8, 1024, "tok<=1024"), ("prefill", 1, 1025, "tok<=2048"),
     ("prefill", 4, 20000, "tok>16384"),
 ])
 def test_size_bucket(kind, bs, tok, label):
@@ -117,4 +117,4 @@ def test_real_cpu_trace(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "steps: 1 prefill, 3 decode" in run.stdout
     assert "no GPU kernels in this trace" in run.stdout
-    assert "| prefill | tok<=1024 | 1 |" in run.stdout and "| decode | bs=3-4 | 3 |" in run.stdout
+    assert "| prefill | tok<=256 | 1 |" in run.stdout and "| decode | bs=3-4 | 3 |" in run.stdout
