@@ -64,11 +64,12 @@ class SchedulerConfig:
     max_model_len: int | None = opt(
         None, ("--max-model-len",), "maximum context length (default: the model's)"
     )
-    # 4096: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at concurrency
-    # 64 on an H200): a third off the median time to first token at the same request
-    # rate, for a TPOT still near vLLM's; smaller caps trade more TPOT for TTFT.
+    # 448: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at concurrency
+    # 64 on an H200): with step graphs, prompts taken a few hundred tokens a step beside
+    # the decodes gave the best request rate and a median TTFT a fifth of 4096's; 448
+    # beside 64 decodes fills the 512-token graph.
     mixed_prefill_tokens: int = opt(
-        4096, ("--mixed-prefill-tokens",),
+        448, ("--mixed-prefill-tokens",),
         "while sequences decode, a step computes at most this many prompt tokens beside them "
         "(longer prompts are chunked), so decodes are not held up by a long prefill and "
         "prompts stream their first tokens sooner; with nothing decoding a step takes up to "

@@ -41,6 +41,9 @@ CASES = {  # (sequences, new tokens each, cached prefix each)
     "4x4096": (4, 4096, 0),
     "1x16384": (1, 16384, 0),
     "extend-8x1024+3072": (8, 1024, 3072),
+    # A prompt's chunks beside running decodes (--mixed-prefill-tokens): small grids.
+    "1x448": (1, 448, 0),
+    "extend-1x256+256": (1, 256, 256),
 }
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
