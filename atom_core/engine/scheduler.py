@@ -12,17 +12,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from itertools import chain
 
 from atom_core.config import SchedulerConfig
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.sequence import Sequence, SequenceStatus
 from atom_core.errors import InvalidRequestError
-
-# A backlog of prompt tokens is worked off over about this many steps beside the decodes
-# (Scheduler.schedule): a burst of arrivals at concurrency 64 then waits a few steps, not
-# one step per cap's worth of its tokens (bench/serving_gpu.py, bench/RESULTS.md).
-BACKLOG_STEPS = 4
 
 
 @dataclass
@@ -147,13 +141,11 @@ class Scheduler:
 
         A step holds at most --max-num-batched-tokens tokens, and while any sequence decodes,
         at most --mixed-prefill-tokens of them are prompt tokens (``prefill`` below): each
-        decode then waits for one bounded chunk of prefill, not for whole prompts. A backlog
-        (a burst of arrivals) lifts that cap to a BACKLOG_STEPS-th of the prompt tokens
-        left, up to BACKLOG_STEPS caps: a prompt waiting is a sequence not decoding."""
+        decode then waits for one bounded chunk of prefill, not for whole prompts."""
         batch = ScheduledBatch(scheduled_at=self.clock())
         budget = self.max_num_batched_tokens
         decoding = any(self._decodes(s) and s.seq_id not in skip for s in self.running)
-        prefill = self._mixed_prefill_budget(skip) if decoding else budget
+        prefill = self.mixed_prefill_tokens if decoding else budget
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -190,20 +182,6 @@ class Scheduler:
                 batch.add(seq, n)
                 budget -= n
         return batch
-
-    def _mixed_prefill_budget(self, skip: Collection[int]) -> int:
-        """Prompt tokens a step beside decodes may take: the cap, or a BACKLOG_STEPS-th of
-        the prompt tokens left to compute (running prompts' and waiting requests'), up to
-        BACKLOG_STEPS caps (steps that step graphs still hold) and the step budget."""
-        most = min(BACKLOG_STEPS * self.mixed_prefill_tokens, self.max_num_batched_tokens)
-        enough = BACKLOG_STEPS * most
-        left = 0
-        for seq in chain(self.running, self.waiting):
-            if seq.seq_id not in skip and not self._decodes(seq):
-                left += seq.num_uncomputed_tokens
-                if left >= enough:
-                    break
-        return max(self.mixed_prefill_tokens, min(-(-left // BACKLOG_STEPS), most))
 
     @staticmethod
     def _decodes(seq: Sequence) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from atom_core.config import SchedulerConfig
 from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.scheduler import BACKLOG_STEPS, ScheduledBatch, Scheduler
+from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Sequence, SequenceStatus
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
@@ -113,9 +113,6 @@ def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
                 on_finished(victim)
                 assert not sched.abort(victim.request_id)
 
-        # Prompt tokens left (a backlog lifts the mixed cap to a BACKLOG_STEPS-th of them).
-        left = sum(s.num_uncomputed_tokens for s in [*sched.running, *sched.waiting]
-                   if s.num_uncomputed_tokens > 1 or s.num_computed_tokens < s.num_prompt_tokens)
         batch = sched.schedule()
         preemptions += batch.num_preempted
         # Budget, slots, uniqueness, coverage.
@@ -125,8 +122,7 @@ def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
                     for s, n in zip(batch.seqs, batch.num_scheduled_tokens)]
         if mixed_prefill and any(decoding):
             prompt_tokens = sum(n for n, d in zip(batch.num_scheduled_tokens, decoding) if not d)
-            share = min(-(-left // BACKLOG_STEPS), BACKLOG_STEPS * mixed_prefill, budget)
-            assert prompt_tokens <= max(mixed_prefill, share)
+            assert prompt_tokens <= mixed_prefill
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
             assert seq.status == SequenceStatus.RUNNING and seq in sched.running
             assert 1 <= n <= seq.num_uncomputed_tokens
@@ -215,37 +211,6 @@ def test_prompts_beside_decodes_are_chunked_to_the_mixed_prefill_cap():
     batch = step(sched)  # late's last 6 prompt tokens, then 2 of the next prompt
     assert batch.seqs == [a, b, late, two_more[0]]
     assert batch.num_scheduled_tokens == [1, 1, 6, 2]
-
-
-def test_a_backlog_lifts_the_mixed_prefill_cap_to_a_share_of_it():
-    """A burst of prompts while others decode is worked off over about BACKLOG_STEPS steps
-    (at most BACKLOG_STEPS caps a step), not one cap's worth a step; as the backlog
-    shrinks, the cap returns."""
-    assert BACKLOG_STEPS == 4
-    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_tokens_per_step=64,
-                           mixed_prefill=8)
-    a = make_seq(list(range(10)), max_tokens=40)
-    sched.add(a)
-    assert step(sched).num_scheduled_tokens == [10]
-    burst = [make_seq(list(range(20)), max_tokens=40) for _ in range(6)]
-    for seq in burst:
-        sched.add(seq)
-    # 120 prompt tokens wait: a step takes 30 of them beside a's decode (20 + 10 of the
-    # next prompt), not the cap's 8.
-    batch = step(sched)
-    assert batch.seqs == [a, burst[0], burst[1]]
-    assert batch.num_scheduled_tokens == [1, 20, 10]
-    # 90 left: 23 (burst[1]'s last 10 prompt tokens, then 13), the decodes first.
-    batch = step(sched)
-    assert batch.num_scheduled_tokens == [1, 1, 10, 13]
-    prompt_tokens = []
-    while any(not sched._decodes(s) for s in burst):
-        batch = sched.schedule()
-        prompt_tokens.append(sum(n for s, n in zip(batch.seqs, batch.num_scheduled_tokens)
-                                 if s.num_computed_tokens < s.num_prompt_tokens))
-        step(sched, batch)
-    # A quarter of 67, 50, 37 left; then the cap once under 32 are left; then the last 3.
-    assert prompt_tokens == [17, 13, 10, 8, 8, 8, 3]
 
 
 def test_max_num_seqs_and_fcfs_no_overtaking():
@@ -393,16 +358,3 @@ def test_scheduler_delay_factor_with_fake_clock():
     sched.finish(b, "stop")
     sched.add(c)
     assert sched.schedule().seqs == [c]  # nothing running: no delay
-
-
-def test_a_backlog_share_stops_at_backlog_steps_caps():
-    sched = make_scheduler(num_blocks=256, max_num_seqs=16, max_tokens_per_step=64,
-                           mixed_prefill=8)
-    a = make_seq(list(range(10)), max_tokens=40)
-    sched.add(a)
-    step(sched)
-    for _ in range(10):
-        sched.add(make_seq(list(range(20)), max_tokens=4))
-    # 200 prompt tokens wait: a quarter would be 50, but a step takes at most 4 caps (32).
-    batch = step(sched)
-    assert batch.num_scheduled_tokens == [1, 20, 12]
