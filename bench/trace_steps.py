@@ -17,7 +17,8 @@ of a CUDA-graph replay all carry their ``cudaGraphLaunch``'s correlation. Printe
    stream, clipped to the window), the idle fraction, and the steps of each kind;
 2. per step kind and size (decode by batch size in powers of two, prefill by tokens:
    <=256, <=384, <=512, <=768, <=1024, <=2048, <=4096, <=16384, more): steps, mean CPU
-   time of the range, mean GPU time of its kernels (their sum), mean GPU span (first kernel start to last kernel end) and mean
+   time of the range, mean GPU time of its kernels (their sum), mean GPU span (first
+   kernel start to last kernel end) and mean
    host gap (this range's end to the next one's start: scheduling and output processing);
 3. the top kernels by GPU time within prefill steps and within decode steps;
 4. idle gaps: GPU idle time between consecutive kernels where the gap exceeds 50 us, by
