@@ -127,9 +127,22 @@ class CompilationConfig:
 
 @dataclass
 class SpeculativeConfig:
-    method: str | None = opt(None, ("--method",), "speculative decoding method (e.g. mtp)")
+    method: str | None = opt(
+        None, ("--method",),
+        "speculative decoding method: a registered proposer (`atom plugins` lists them; the "
+        "core's is ngram, prompt lookup)",
+    )
     num_speculative_tokens: int = opt(
-        1, ("--num-speculative-tokens",), "speculative tokens per step"
+        1, ("--num-speculative-tokens",), "draft tokens proposed and verified per step"
+    )
+    spec_decode_acceptance_length: float | None = opt(
+        None, ("--spec-decode-acceptance-length",),
+        "benchmark only: force this mean acceptance length in [1, k+1] (the target's own "
+        "token included), ignoring draft/target agreement; the text is meaningless",
+    )
+    spec_decode_acceptance_rate: float | None = opt(
+        None, ("--spec-decode-acceptance-rate",),
+        "benchmark only: the same as a rate in [0, 1], (length - 1) / k",
     )
 
 
@@ -217,6 +230,28 @@ class Config:
         config.validate()
         return config
 
+    def _validate_speculative(self) -> None:
+        spec = self.speculative_config
+        forced = (spec.spec_decode_acceptance_length, spec.spec_decode_acceptance_rate)
+        if spec.method is None:
+            if forced != (None, None):
+                raise ConfigError("--spec-decode-acceptance-length/-rate need --method")
+            return
+        from atom_core.plugins import get_registries  # plugins load after config parsing
+
+        methods = get_registries().proposers
+        if spec.method not in methods:
+            raise ConfigError(f"unknown --method {spec.method!r}; registered: "
+                              f"{', '.join(methods.names()) or 'none'}")
+        if spec.num_speculative_tokens < 1:
+            raise ConfigError("--num-speculative-tokens must be >= 1")
+        from atom_core.spec_decode.forced import resolve_acceptance_length
+
+        try:
+            resolve_acceptance_length(spec.num_speculative_tokens, *forced)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
     def validate(self) -> None:
         """Refuse what this version does not implement, rather than ignoring it."""
         p, c = self.parallel_config, self.cache_config
@@ -235,9 +270,7 @@ class Config:
                 f"--level {self.compilation_config.level} (torch.compile) is not supported yet; "
                 "use --level 0 (eager prefill, CUDA-graph decode)"
             )
-        if self.speculative_config.method is not None:
-            raise ConfigError(f"speculative decoding (--method {self.speculative_config.method}) "
-                              "is not supported yet")
+        self._validate_speculative()
         if m.trust_remote_code:
             raise ConfigError("--trust-remote-code is not supported: "
                               "ATOM runs only registered architectures")

@@ -88,6 +88,8 @@ def register_spec_decode_proposers(register):
 
     Call ``register(method, proposer_cls)``; ``method`` is the value users pass to
     ``--method`` (``mtp``, ``eagle3``, ``ngram``). Names are unique across plugins.
+    ``proposer_cls()`` makes a proposer whose ``propose(token_ids_per_seq, k)`` returns up
+    to k draft tokens per sequence (engine/spec_decode.py verifies them).
     """
 
 

@@ -33,6 +33,7 @@ ENTRY_POINT_GROUP = "atom"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "atom_core.ops.native.plugin",
     "atom_core.layers.attention.plugin",
+    "atom_core.spec_decode.plugin",
 )
 
 

@@ -18,6 +18,7 @@ from atom_core.engine.output import RequestText
 from atom_core.engine.profiler import TorchProfiler, profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, RequestTimings, Sequence
+from atom_core.engine.spec_decode import Speculator
 from atom_core.engine.stats import StatsLogger
 from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
@@ -134,6 +135,15 @@ class LLMEngine:
         self.num_preemptions = 0
         self.last_step_tokens = (0, 0)  # (prompt, generated) tokens of the latest step
         self._pending: PendingStep | None = None  # a step queued and not read yet
+        self.speculator: Speculator | None = None
+        if config.speculative_config.method is not None:
+            self.speculator = Speculator(config, self.max_model_len)
+            if self.speculator.forced_length is not None:
+                self.runner.forced_acceptance = (self.speculator.forced_length,
+                                                 self.speculator.k)
+            if sc.async_scheduling:
+                logger.info("speculative decoding: steps run one at a time (a step's drafts "
+                            "follow from the tokens before it), not ahead")
         logger.info(
             "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
             "max_model_len=%d prefix_caching=%s attention=%s",
@@ -316,8 +326,23 @@ class LLMEngine:
         if not batch.seqs:
             return finished
         out = self.runner.execute(batch)
-        self.scheduler.advance(batch)
-        return finished + self._process(batch.seqs, out)
+        finished += self._process(batch.seqs, out)
+        # After the tokens are appended: a verified draft is computed and in the token ids
+        # before the scheduler hashes the blocks it fills.
+        self.scheduler.advance(batch, out.accepted)
+        if self.speculator is not None:
+            for seq, drafts in zip(batch.seqs, batch.drafts, strict=True):
+                if drafts:
+                    self.speculator.stats.record(len(drafts), out.accepted.get(seq.seq_id, 0))
+            self.speculator.propose(self.scheduler.running)
+        return finished
+
+    def print_mtp_statistics(self) -> None:
+        """Print speculative decoding's acceptance statistics (the guide's MTP statistics)."""
+        if self.speculator is None:
+            print("speculative decoding is off (no --method)")
+        else:
+            print(self.speculator.stats.report())
 
     def _read(self, pending: PendingStep) -> list[Sequence]:
         return self._process(pending.seqs, self.runner.collect(pending), resolve=True)
@@ -337,6 +362,7 @@ class LLMEngine:
         history)."""
         return (
             self.config.scheduler_config.async_scheduling
+            and self.speculator is None
             and self.runner.decode_inputs is not None
             and all(
                 self._host_free_sampling(s.sampling_params)
@@ -381,24 +407,34 @@ class LLMEngine:
             req = self._requests.get(seq.request_id)
             if seq.seq_id in out.prompt_logprobs:
                 seq.prompt_logprobs.extend(out.prompt_logprobs[seq.seq_id])
-            token = out.sampled.get(seq.seq_id)
-            if token is None:
-                continue
-            num_gen += 1
-            if resolve:
-                seq.resolve_placeholder(token)
-            else:
-                seq.append_token(token)
-            if seq.num_output_tokens == 1:
-                # As vLLM counts them: a request's prompt, once, when its first token arrives
-                # (cached prefix included, recomputation after preemption not).
-                num_prompt += seq.num_prompt_tokens
-            if seq.seq_id in out.logprobs:
-                seq.logprobs.append(out.logprobs[seq.seq_id])
-            reason = self._finish_reason(seq, token)
+            tokens = out.emitted.get(seq.seq_id)
+            if tokens is None:
+                token = out.sampled.get(seq.seq_id)
+                if token is None:
+                    continue
+                tokens = [token]
             text = ""
-            if req is not None and req.text is not None:
-                text, reason, seq.stop_reason = req.text.update([token], reason, seq.stop_reason)
+            reason = None
+            # Speculation emits several tokens a step; a stop among them ends the run there.
+            for token in tokens:
+                num_gen += 1
+                if resolve:
+                    seq.resolve_placeholder(token)
+                else:
+                    seq.append_token(token)
+                if seq.num_output_tokens == 1:
+                    # As vLLM counts them: a request's prompt, once, when its first token
+                    # arrives (cached prefix included, recomputation after preemption not).
+                    num_prompt += seq.num_prompt_tokens
+                if seq.seq_id in out.logprobs:
+                    seq.logprobs.append(out.logprobs[seq.seq_id])
+                reason = self._finish_reason(seq, token)
+                if req is not None and req.text is not None:
+                    piece, reason, seq.stop_reason = req.text.update([token], reason,
+                                                                     seq.stop_reason)
+                    text += piece
+                if reason is not None:
+                    break
             if reason is not None:
                 seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq, reason)

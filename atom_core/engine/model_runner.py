@@ -16,8 +16,9 @@ from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
+from atom_core.engine.spec_decode import verify
 from atom_core.engine.step_graphs import StepGraphs
-from atom_core.engine.step_inputs import eager_inputs
+from atom_core.engine.step_inputs import EagerInputs, eager_inputs
 from atom_core.layers.context import forward_context
 from atom_core.layers.sampler import Sampler, SamplerOutput, SamplingBatch, prompt_logprobs
 from atom_core.layers.transfer import host_to_device
@@ -38,6 +39,10 @@ class PendingStep:
     ready: torch.cuda.Event | None  # recorded after that copy (None on CPU: copies are sync)
     logprobs: list[Logprob | None]
     prompt_logprobs: dict[int, list[Logprob | None]] = field(default_factory=dict)
+    # Speculative decoding (read on the host already): every token each verifying
+    # sequence emits, and its accepted drafts, by sequence id.
+    emitted: dict[int, list[int]] = field(default_factory=dict)
+    accepted: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,6 +52,8 @@ class StepOutput:
     sampled: dict[int, int]  # seq_id -> token id
     logprobs: dict[int, Logprob]
     prompt_logprobs: dict[int, list[Logprob | None]]
+    emitted: dict[int, list[int]] = field(default_factory=dict)  # speculative: all tokens
+    accepted: dict[int, int] = field(default_factory=dict)  # speculative: drafts accepted
 
 
 class ModelRunner:
@@ -72,6 +79,8 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.steps: StepGraphs | None = None
         self._sampling_cache: tuple[tuple[int, ...], SamplingBatch] | None = None
+        # (length, --num-speculative-tokens) when acceptance is forced (benchmarks only).
+        self.forced_acceptance: tuple[float, int] | None = None
         if self.fast_decode:
             self._setup_fast_decode()
 
@@ -223,10 +232,13 @@ class ModelRunner:
         seqs, counts = batch.seqs, batch.num_scheduled_tokens
         starts = [s.num_computed_tokens for s in seqs]
         sampling = [i for i, last in enumerate(batch.sample_mask) if last]
+        rows = [s.token_ids + d if d else s.token_ids for s, d in zip(seqs, batch.drafts)]
         inputs = eager_inputs(
-            [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs],
+            rows, starts, counts, [s.block_table for s in seqs],
             self.block_size, self.device, sampling, _fill_map(seqs, sampling, ids_from),
         )
+        if batch.has_drafts:
+            return self._verify(batch, inputs, starts, sampling)
         if inputs.fill_rows.numel():
             fill_ids = ids_from.sampled.index_select(0, inputs.fill_from)
             inputs.input_ids.index_copy_(0, inputs.fill_rows, fill_ids)
@@ -246,6 +258,41 @@ class ModelRunner:
         pending.prompt_logprobs = prompt_lps
         return pending
 
+    def _verify(self, batch: ScheduledBatch, inputs: EagerInputs, starts: list[int],
+                sampling: list[int]) -> PendingStep:
+        """A step with drafts (engine/spec_decode.py): the forward, then the sequences with
+        drafts verified over all their rows, the others sampled at their last row; the
+        emitted tokens are read here (steps with drafts run one at a time)."""
+        seqs, counts = batch.seqs, batch.num_scheduled_tokens
+        with forward_context(inputs.meta):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        prompt_lps: dict[int, list[Logprob | None]] = {}
+        qsl = inputs.meta.query_start_loc_cpu
+        self._prompt_logprobs(seqs, starts, counts, qsl, hidden, prompt_lps)
+        spec = [i for i in sampling if batch.drafts[i]]
+        plain = [i for i in sampling if not batch.drafts[i]]
+        pending = PendingStep([], torch.empty(0, dtype=torch.long),
+                              torch.empty(0, dtype=torch.long), None, [], prompt_lps)
+        if plain:
+            chosen = [seqs[i] for i in plain]
+            last = host_to_device([qsl[i + 1] - 1 for i in plain], torch.long, self.device)
+            result = self.sampler(self.model.compute_logits(hidden.index_select(0, last)),
+                                  self._sampling_batch(chosen))
+            tokens = result.token_ids.cpu()
+            pending = PendingStep(chosen, tokens, tokens, None, result.logprobs, prompt_lps)
+        rows = [r for i in spec for r in range(qsl[i + 1] - len(batch.drafts[i]) - 1, qsl[i + 1])]
+        logits = self.model.compute_logits(
+            hidden.index_select(0, host_to_device(rows, torch.long, self.device)))
+        chosen = [seqs[i] for i in spec]
+        emitted, accepted = verify(
+            self.sampler, logits, chosen, [batch.drafts[i] for i in spec],
+            [self._generator(s) for s in chosen], self.forced_acceptance,
+        )
+        for s, toks, a in zip(chosen, emitted, accepted, strict=True):
+            pending.emitted[s.seq_id] = toks
+            pending.accepted[s.seq_id] = a
+        return pending
+
     @staticmethod
     def is_plain_decode(batch: ScheduledBatch) -> bool:
         """Every sequence computes its one newest token and samples; none owes prompt logprobs."""
@@ -261,6 +308,8 @@ class ModelRunner:
         """A step graph holds the batch (engine/step_graphs.py) and no sequence owes prompt
         logprobs (they read every prompt row's hidden state, eagerly)."""
         assert self.steps is not None
+        if batch.has_drafts:  # a graph samples only each sequence's last row
+            return False
         for s in batch.seqs:
             sp = s.sampling_params
             if sp.prompt_logprobs is not None and len(s.prompt_logprobs) < s.num_prompt_tokens:
@@ -328,7 +377,7 @@ class ModelRunner:
         if pending.ready is not None:
             pending.ready.synchronize()
         tokens = pending.host.tolist()
-        out = StepOutput({}, {}, pending.prompt_logprobs)
+        out = StepOutput({}, {}, pending.prompt_logprobs, pending.emitted, pending.accepted)
         for j, s in enumerate(pending.seqs):
             out.sampled[s.seq_id] = tokens[j]
             if pending.logprobs[j] is not None:

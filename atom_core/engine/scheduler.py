@@ -29,11 +29,20 @@ class ScheduledBatch:
     num_preempted: int = 0
     sample_mask: list[bool] = field(default_factory=list)
     scheduled_at: float = 0.0
+    # Draft tokens each entry verifies after its newest token (speculative decoding): such
+    # an entry computes 1 + len(drafts) tokens, the drafts not in its token ids.
+    drafts: list[list[int]] = field(default_factory=list)
 
-    def add(self, seq: Sequence, num_tokens: int) -> None:
+    def add(self, seq: Sequence, num_tokens: int, drafts: list[int] | None = None) -> None:
         self.seqs.append(seq)
         self.num_scheduled_tokens.append(num_tokens)
-        self.sample_mask.append(seq.num_computed_tokens + num_tokens == seq.num_tokens)
+        self.drafts.append(drafts or [])
+        extra = len(drafts) if drafts else 0
+        self.sample_mask.append(seq.num_computed_tokens + num_tokens - extra == seq.num_tokens)
+
+    @property
+    def has_drafts(self) -> bool:
+        return any(self.drafts)
 
     @property
     def total_tokens(self) -> int:
@@ -155,9 +164,11 @@ class Scheduler:
             if n <= 0 or seq.seq_id in skip:  # nothing to compute (or nothing more to): skip
                 i += 1
                 continue
+            drafts = seq.spec_tokens[: budget - 1] if decodes else []
+            n += len(drafts)
             if not self._allocate_or_preempt(seq, n, batch):
                 break  # seq preempted itself: it was the last running sequence
-            batch.add(seq, n)
+            batch.add(seq, n, drafts)
             budget -= n
             if not decodes:
                 prefill -= n
@@ -216,15 +227,21 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_tokens = 0
+        seq.spec_tokens = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def advance(self, batch: ScheduledBatch) -> None:
-        """Record that the model computed the batch: progress, newly full blocks, latency."""
-        for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
+    def advance(self, batch: ScheduledBatch, accepted: dict[int, int] | None = None) -> None:
+        """Record that the model computed the batch: progress, newly full blocks, latency.
+        ``accepted``: drafts accepted per sequence id; a rejected draft's KV is past the
+        computed tokens, so the next step overwrites it (its blocks stay the sequence's)."""
+        for seq, n, drafts in zip(batch.seqs, batch.num_scheduled_tokens, batch.drafts,
+                                  strict=True):
             if seq.is_finished:  # aborted while the step ran
                 continue
+            if drafts:
+                n -= len(drafts) - (accepted or {}).get(seq.seq_id, 0)
             seq.num_computed_tokens += n
             self.block_manager.commit_full_blocks(seq)
         self._last_step_latency = self.clock() - batch.scheduled_at

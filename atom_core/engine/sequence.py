@@ -67,6 +67,7 @@ class Sequence:
         self.logprobs: list[Logprob] = []
         self.prompt_logprobs: list[Logprob | None] = []
         self.num_preemptions = 0
+        self.spec_tokens: list[int] = []  # draft tokens the next step verifies
         self.arrival_time = time.monotonic()
         self.scheduled_time: float | None = None
         self.first_token_time: float | None = None

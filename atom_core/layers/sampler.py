@@ -254,8 +254,11 @@ class Sampler(nn.Module):
             logprobs = _gather_logprobs(raw_logprobs, token_ids, batch.num_logprobs)
         return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
 
-    def _sample(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
-        logits = logits / batch.temperature[:, None]
+    def probs(self, logits: Tensor, batch: SamplingBatch, normalize: bool = True) -> Tensor:
+        """The distribution each row draws from [B, V] fp32: penalised ``logits`` after
+        temperature, top-k/top-p and min-p (speculative decoding's target distribution).
+        ``normalize`` False leaves min-p's survivors unrenormalised (enough for a race)."""
+        logits = logits.float() / batch.temperature[:, None]
         if batch.any_top_k or batch.any_top_p:
             logits = apply_top_k_top_p(
                 logits,
@@ -264,10 +267,16 @@ class Sampler(nn.Module):
             )
         probs = logits.softmax(dim=-1)
         if batch.any_min_p:
-            # The max token always survives (min_p <= 1); no renormalising needed because
-            # the race below is invariant to scaling a row.
+            # The max token always survives (min_p <= 1).
             threshold = batch.min_p[:, None] * probs.amax(dim=-1, keepdim=True)
             probs = probs.masked_fill(probs < threshold, 0.0)
+            if normalize:
+                probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs
+
+    def _sample(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
+        # The race below is invariant to scaling a row: no renormalising after min-p.
+        probs = self.probs(logits, batch, normalize=False)
         noise = torch.empty_like(probs).exponential_()  # one shared draw for unseeded rows
         if batch.any_seeded:
             for i, gen in enumerate(batch.generators):

@@ -1,0 +1,188 @@
+"""Speculative decoding in the engine: drafts proposed after each step, verified by the next.
+
+After a step's tokens are appended, the proposer (``--method``, from the
+``register_spec_decode_proposers`` hook) proposes up to ``--num-speculative-tokens`` drafts
+for every sequence that decodes next; ``Sequence.spec_tokens`` holds them. The scheduler
+gives such a sequence ``1 + k`` tokens (its newest token, then the drafts), the model runner
+computes logits at all of them in the one forward, and ``verify`` keeps the accepted prefix
+plus one token of the target's (a correction, or the bonus when all drafts pass): every
+emitted token is distributed as the target alone would draw it (spec_decode/rejection.py).
+The scheduler then counts only the verified tokens as computed: a rejected draft's KV lies
+past them and the next step overwrites it.
+
+Drafts go only to sequences whose sampling needs no token history or per-token host reads
+(no logprobs, no penalties): their verify rows are plain distributions. Steps with drafts
+run one at a time (the next step's drafts depend on this step's tokens) and eagerly.
+``--spec-decode-acceptance-length``/``-rate`` force the number accepted instead (benchmarks
+only; spec_decode/forced.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from atom_core.config import Config
+from atom_core.engine.sequence import Sequence
+from atom_core.layers.sampler import Sampler, SamplingBatch
+from atom_core.layers.transfer import host_to_device
+from atom_core.plugins import get_registries
+from atom_core.spec_decode.forced import resolve_acceptance_length, sample_forced_accepts
+from atom_core.spec_decode.rejection import rejection_sample
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY_DRAFTS = 1000
+
+
+@dataclass
+class SpecDecodeStats:
+    """Draft and acceptance counts since start (the guide's MTP statistics)."""
+
+    num_speculative_tokens: int
+    total_draft_tokens: int = 0
+    total_accepted_tokens: int = 0
+    num_verifications: int = 0  # sequence-forwards that verified drafts
+    accepted_per_position: list[int] = field(default_factory=list)
+    _next_log: int = LOG_EVERY_DRAFTS
+
+    def __post_init__(self) -> None:
+        self.accepted_per_position = [0] * self.num_speculative_tokens
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.total_draft_tokens += num_drafts
+        self.total_accepted_tokens += num_accepted
+        self.num_verifications += 1
+        for j in range(num_accepted):
+            self.accepted_per_position[j] += 1
+        if self.total_draft_tokens >= self._next_log:
+            self._next_log += LOG_EVERY_DRAFTS
+            logger.info("speculative decoding: %s", self.summary_line())
+
+    @property
+    def acceptance_rate(self) -> float:
+        drafted = self.total_draft_tokens
+        return self.total_accepted_tokens / drafted if drafted else 0.0
+
+    @property
+    def average_tokens_per_forward(self) -> float:
+        """Tokens a verifying forward emits per sequence: 1 + accepted drafts."""
+        if not self.num_verifications:
+            return 0.0
+        return 1.0 + self.total_accepted_tokens / self.num_verifications
+
+    def summary_line(self) -> str:
+        return (f"{self.total_draft_tokens} draft tokens, {self.total_accepted_tokens} accepted "
+                f"({self.acceptance_rate:.2%}), {self.average_tokens_per_forward:.2f} tokens "
+                "per forward")
+
+    def as_dict(self) -> dict[str, Any]:
+        per_position = [a / self.num_verifications if self.num_verifications else 0.0
+                        for a in self.accepted_per_position]
+        return {
+            "total_draft_tokens": self.total_draft_tokens,
+            "total_accepted_tokens": self.total_accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "average_tokens_per_forward": self.average_tokens_per_forward,
+            "num_verifications": self.num_verifications,
+            "acceptance_per_position": per_position,
+        }
+
+    def report(self) -> str:
+        return ("MTP Statistics:\n"
+                f"  Total draft tokens: {self.total_draft_tokens}\n"
+                f"  Accepted tokens:    {self.total_accepted_tokens}\n"
+                f"  Acceptance rate:    {self.acceptance_rate:.2%}\n"
+                f"  Tokens per forward: {self.average_tokens_per_forward:.2f}")
+
+
+def drafts_allowed(seq: Sequence) -> bool:
+    """Sampling whose verify rows are plain distributions: no logprobs, no penalties."""
+    sp = seq.sampling_params
+    return (sp.logprobs is None and sp.repetition_penalty == 1.0
+            and sp.presence_penalty == 0.0 and sp.frequency_penalty == 0.0)
+
+
+class Speculator:
+    """The proposer, the number of drafts and the statistics of one engine."""
+
+    def __init__(self, config: Config, max_model_len: int) -> None:
+        spec = config.speculative_config
+        assert spec.method is not None
+        self.k = spec.num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.proposer = get_registries().proposers.get(spec.method)()
+        self.forced_length = resolve_acceptance_length(
+            self.k, spec.spec_decode_acceptance_length, spec.spec_decode_acceptance_rate)
+        if self.forced_length is not None:
+            logger.warning("--spec-decode-acceptance-length %.2f: drafts are accepted without "
+                           "agreeing with the model; the generated text is meaningless",
+                           self.forced_length)
+        self.stats = SpecDecodeStats(self.k)
+
+    def propose(self, seqs: list[Sequence]) -> None:
+        """Drafts for each sequence that decodes next, at most as many as it may still
+        emit beyond the verified token (max_tokens, the context length)."""
+        chosen: list[Sequence] = []
+        limits: list[int] = []
+        for seq in seqs:
+            seq.spec_tokens = []
+            if (seq.is_finished or seq.num_uncomputed_tokens != 1
+                    or seq.num_computed_tokens < seq.num_prompt_tokens
+                    or not drafts_allowed(seq)):
+                continue
+            room = min(seq.sampling_params.max_tokens - seq.num_output_tokens,
+                       self.max_model_len - seq.num_tokens) - 1
+            if room > 0:
+                chosen.append(seq)
+                limits.append(min(room, self.k))
+        if not chosen:
+            return
+        proposals = self.proposer.propose([s.token_ids for s in chosen], self.k)
+        for seq, drafts, limit in zip(chosen, proposals, limits, strict=True):
+            drafts = list(drafts[:limit])
+            if self.forced_length is not None:
+                # Forced acceptance ignores the drafts' values: always offer the full
+                # count, so the schedule (not the proposer's hit rate) sets the length.
+                drafts += [seq.token_ids[-1]] * (limit - len(drafts))
+            seq.spec_tokens = drafts
+
+
+def verify(
+    sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]],
+    generators: list[torch.Generator | None], forced: tuple[float, int] | None = None,
+) -> tuple[list[list[int]], list[int]]:
+    """Emitted tokens and accepted drafts per sequence. ``logits`` [N, V]: sequence by
+    sequence, ``len(drafts[i]) + 1`` rows each (row j scores draft j; the last gives the
+    bonus). ``forced``: (acceptance length, --num-speculative-tokens)."""
+    device = logits.device
+    counts = [len(d) for d in drafts]
+    rows = [s.sampling_params for s, k in zip(seqs, counts, strict=True) for _ in range(k + 1)]
+    sbatch = SamplingBatch.build(rows, [[]] * len(rows), [[]] * len(rows),
+                                 [None] * len(rows), device)
+    probs = sampler.probs(logits, sbatch)
+    draft_ids = host_to_device([t for d in drafts for t in d], torch.long, device)
+    greedy = [s.sampling_params.greedy for s in seqs]
+    if forced is None:
+        out = rejection_sample(probs, draft_ids, counts, None, greedy, generators)
+        num = out.num_tokens.tolist()
+        return ([row[:n] for row, n in zip(out.token_ids.tolist(), num)],
+                out.num_accepted.tolist())
+    # Forced: accept a scheduled number of drafts, then the target's own token at the
+    # first unaccepted row (its argmax, or a draw for sampled sequences).
+    accepted = sample_forced_accepts(forced[0], forced[1], len(seqs)).tolist()
+    noise = torch.empty_like(probs).exponential_()
+    greedy_rows = torch.tensor([g for g, k in zip(greedy, counts) for _ in range(k + 1)],
+                               device=device)
+    scores = torch.where(greedy_rows[:, None], probs, probs / noise.clamp_min_(1e-30))
+    target = scores.argmax(dim=-1).tolist()
+    emitted: list[list[int]] = []
+    start = 0
+    for i, d in enumerate(drafts):
+        accepted[i] = a = min(accepted[i], len(d))
+        emitted.append(d[:a] + [target[start + a]])
+        start += len(d) + 1
+    return emitted, accepted

@@ -1,0 +1,123 @@
+"""Speculative decoding in the engine (engine/spec_decode.py) with the core's n-gram
+proposer: greedy output equals the engine without speculation, token for token, through
+chunked prefill, prefix caching and preemption; drafts are really accepted; max_tokens
+and stop strings that fall inside an accepted run cut it there; streaming equals the final
+text; forced acceptance realizes its schedule; bad flags fail at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from atom_core.config import ConfigError
+from atom_core.engine.llm_engine import LLMEngine
+from atom_core.sampling_params import SamplingParams
+from atom_core.testing.tiny_models import tiny_model_dir
+
+# Repeating prompts: the n-gram proposer (5-token tails) finds its matches in them, and a
+# tiny random model's greedy continuation of a loop tends to loop.
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 11] * 4,
+    [20, 21, 22, 23, 24, 25] * 5 + [20, 21],
+    [3, 1, 4, 1, 5, 9, 2, 6] * 3,
+    [7] * 12,
+    [40, 41, 42, 43, 44, 45, 46, 47, 48] * 2,
+    [11, 12, 13, 14, 15] * 6,
+    [90, 91, 92, 93, 94, 95] * 4,
+    [5, 6, 7, 8, 9, 10, 11] * 4 + [1, 2],  # shares a prefix with the first
+]
+
+
+def engine(method: str | None, **kw) -> LLMEngine:
+    opts = dict(enable_log_stats=False, device="cpu", block_size=4)
+    opts.update(kw)
+    if method is not None:
+        opts["method"] = method
+    return LLMEngine(str(tiny_model_dir("qwen3")), **opts)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_ngram_equals_plain_engine_with_chunks_caching_and_preemption(k):
+    kw = dict(enable_prefix_caching=True, max_num_batched_tokens=24, num_gpu_blocks_override=40, max_model_len=128,
+              max_num_seqs=8)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in (30, 17, 25, 40, 9, 33, 21, 28)]
+    plain = [o["token_ids"] for o in engine(None, **kw).generate(PROMPTS, params)]
+    spec = engine("ngram", num_speculative_tokens=k, **kw)
+    outs = [o["token_ids"] for o in spec.generate(PROMPTS, params)]
+    assert outs == plain
+    stats = spec.speculator.stats
+    assert stats.total_accepted_tokens > 0 and stats.total_draft_tokens > 0
+    assert stats.average_tokens_per_forward > 1.0
+    assert spec.num_preemptions > 0  # 40 blocks of 4 tokens do not hold all eight
+    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+
+
+def test_max_tokens_and_stop_strings_cut_an_accepted_run():
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in (1, 2, 3, 5, 7, 11, 13, 19)]
+    plain = engine(None).generate(PROMPTS, params)
+    spec = engine("ngram", num_speculative_tokens=4)
+    outs = spec.generate(PROMPTS, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain]
+    assert [len(o["token_ids"]) for o in outs] == [1, 2, 3, 5, 7, 11, 13, 19]
+    # A stop string taken from the plain run's text, a few tokens in.
+    full = engine(None).generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=30,
+                                                              ignore_eos=True))[0]["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, stop_strings=[stop])
+    a = engine(None).generate(PROMPTS[:1], sp)[0]
+    b = engine("ngram", num_speculative_tokens=4).generate(PROMPTS[:1], sp)[0]
+    assert (b["text"], b["finish_reason"]) == (a["text"], a["finish_reason"])
+    assert a["finish_reason"] == "stop"
+
+
+def test_streamed_pieces_equal_the_final_text():
+    spec = engine("ngram", num_speculative_tokens=3)
+    pieces: dict[str, list[str]] = {}
+    ids: dict[str, list[int]] = {}
+
+    def collect(out):
+        pieces.setdefault(out.request_id, []).append(out.text)
+        ids.setdefault(out.request_id, []).extend(out.token_ids)
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    rids = spec.add_request(PROMPTS, params, stream_callback=collect)
+    while not spec.is_finished():
+        spec.step()
+    plain = engine(None).generate(PROMPTS, params)
+    assert ["".join(pieces[r]) for r in rids] == [o["text"] for o in plain]
+    assert [ids[r] for r in rids] == [o["token_ids"] for o in plain]
+    assert spec.speculator.stats.total_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("length", [1.0, 2.5, 4.0])
+def test_forced_acceptance_realizes_the_requested_length(length):
+    spec = engine("ngram", num_speculative_tokens=3, spec_decode_acceptance_length=length)
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    spec.generate(PROMPTS[:4], params)
+    stats = spec.speculator.stats
+    assert stats.num_verifications > 150
+    # Runs cut short by max_tokens accept fewer: allow for the last verification of each.
+    assert stats.average_tokens_per_forward == pytest.approx(length, abs=0.05)
+
+
+def test_seeded_sampling_reproduces():
+    params = [SamplingParams(temperature=0.8, top_k=20, seed=s, max_tokens=20, ignore_eos=True)
+              for s in range(4)]
+    a = engine("ngram", num_speculative_tokens=3).generate(PROMPTS[:4], params)
+    b = engine("ngram", num_speculative_tokens=3).generate(PROMPTS[:4], params)
+    assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"method": "nope"}, "unknown --method 'nope'; registered: ngram"),
+    ({"spec_decode_acceptance_length": 2.0}, "need --method"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "--num-speculative-tokens must be >= 1"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "spec_decode_acceptance_length": 5.0},
+     "acceptance"),
+    ({"method": "ngram", "spec_decode_acceptance_length": 1.5,
+      "spec_decode_acceptance_rate": 0.5}, "mutually exclusive"),
+])
+def test_bad_speculative_flags_fail_at_start(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        LLMEngine(str(tiny_model_dir("qwen3")), device="cpu", **kw)
