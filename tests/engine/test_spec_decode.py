@@ -37,8 +37,8 @@ def engine(method: str | None, **kw) -> LLMEngine:
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_greedy_ngram_equals_plain_engine_with_chunks_caching_and_preemption(k):
-    kw = dict(enable_prefix_caching=True, max_num_batched_tokens=24, num_gpu_blocks_override=40, max_model_len=128,
-              max_num_seqs=8)
+    kw = dict(enable_prefix_caching=True, max_num_batched_tokens=24, num_gpu_blocks_override=40,
+              max_model_len=128, max_num_seqs=8)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
               for n in (30, 17, 25, 40, 9, 33, 21, 28)]
     plain = [o["token_ids"] for o in engine(None, **kw).generate(PROMPTS, params)]
