@@ -44,6 +44,15 @@ class TokenOutput(msgspec.Struct):
     timings: RequestTimings | None = None  # on the finished output
 
 
+class SpecDecodeCounts(msgspec.Struct):
+    """Speculative decoding's cumulative counts (engine/spec_decode.py)."""
+
+    draft_tokens: int
+    accepted_tokens: int
+    verifications: int  # sequence-forwards that verified drafts
+    accepted_per_position: list[int]
+
+
 class EngineStats(msgspec.Struct):
     num_running: int
     num_waiting: int
@@ -53,6 +62,7 @@ class EngineStats(msgspec.Struct):
     prompt_tokens: int  # this step
     generation_tokens: int  # this step
     num_preemptions: int  # cumulative
+    spec_decode: SpecDecodeCounts | None = None  # None: no --method
 
 
 class StepOutputs(msgspec.Struct, tag=True):

@@ -27,6 +27,7 @@ from atom_core.engine.core_messages import (
     EngineFailed,
     EngineReady,
     EngineStats,
+    SpecDecodeCounts,
     StepOutputs,
     TokenOutput,
     encoder,
@@ -110,9 +111,13 @@ class EngineCore:
         bm = self.engine.block_manager
         prompt, gen = self.engine.last_step_tokens
         self.engine.last_step_tokens = (0, 0)
+        spec = self.engine.speculator
         stats = EngineStats(
             self.engine.scheduler.num_running, self.engine.scheduler.num_waiting, bm.usage,
             bm.prefix_cache_queries, bm.prefix_cache_hits, prompt, gen, self.engine.num_preemptions,
+            None if spec is None else SpecDecodeCounts(
+                spec.stats.total_draft_tokens, spec.stats.total_accepted_tokens,
+                spec.stats.num_verifications, list(spec.stats.accepted_per_position)),
         )
         outputs, self.pending = self.pending, []
         self.push.send(encoder.encode(StepOutputs(outputs, stats)))

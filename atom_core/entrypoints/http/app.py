@@ -152,6 +152,10 @@ def build_app(
     async def version() -> JSONResponse:
         return JSONResponse({"version": __version__})
 
+    @app.get("/debug/mtp_stats")
+    async def mtp_stats() -> JSONResponse:
+        return JSONResponse(state["metrics"].mtp_stats())
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(state["metrics"].render(), media_type=CONTENT_TYPE_LATEST)

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from atom_core.engine.core_messages import EngineStats
+from atom_core.engine.core_messages import EngineStats, SpecDecodeCounts
 from atom_core.engine.request_stream import RequestDelta
+from atom_core.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,15 @@ class ServerMetrics:
             labels, registry=r,
         ).labels(model_name)
         self.silence.set_function(self.longest_silence)
+        self.spec_drafts = counter("atom:spec_decode_num_draft_tokens",
+                                   "Draft tokens proposed (speculative decoding)")
+        self.spec_accepted = counter("atom:spec_decode_num_accepted_tokens",
+                                     "Draft tokens accepted (speculative decoding)")
+        self.spec_tokens_per_forward = gauge(
+            "atom:mtp_average_tokens_per_forward",
+            "Tokens a verifying forward emits per sequence, since start: 1 + accepted drafts",
+        )
+        self.spec: SpecDecodeCounts | None = None  # the latest counts, for /debug/mtp_stats
         self.model_name = model_name
         self._last_frame: dict[int, tuple[str, float]] = {}
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
@@ -114,6 +124,22 @@ class ServerMetrics:
         self._seen_preemptions = s.num_preemptions
         self.prompt_tokens.inc(s.prompt_tokens)
         self.generation_tokens.inc(s.generation_tokens)
+        if s.spec_decode is not None:
+            seen = self.spec
+            self.spec_drafts.inc(s.spec_decode.draft_tokens - (seen.draft_tokens if seen else 0))
+            self.spec_accepted.inc(
+                s.spec_decode.accepted_tokens - (seen.accepted_tokens if seen else 0))
+            self.spec = s.spec_decode
+            self.spec_tokens_per_forward.set(self.mtp_stats()["average_tokens_per_forward"])
+
+    def mtp_stats(self) -> dict:
+        """GET /debug/mtp_stats: speculative decoding's acceptance since start."""
+        s = self.spec
+        if s is None:
+            return {"enabled": False}
+        stats = SpecDecodeStats(len(s.accepted_per_position), s.draft_tokens,
+                                s.accepted_tokens, s.verifications, list(s.accepted_per_position))
+        return {"enabled": True, **stats.as_dict()}
 
     def on_finished(self, d: RequestDelta) -> None:
         if d.error is not None:
