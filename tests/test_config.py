@@ -76,7 +76,7 @@ def test_load_dummy_forms(argv, mode):
         (["--kv_cache_dtype", "fp8"], "fp8 is not supported yet"),
         (["-tp", "2"], "--tensor-parallel-size > 1 is not supported yet"),
         (["--data-parallel-size", "2"], "--data-parallel-size > 1"),
-        (["--method", "mtp"], "speculative decoding"),
+        (["--method", "mtp"], "unknown --method .mtp.; registered: ngram"),
         (["--trust-remote-code"], "--trust-remote-code is not supported"),
         (["--block-size", "12"], "power of two"),
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
