@@ -52,6 +52,7 @@ EXAMPLES = {
     "GET /health": 1,
     "GET /version": 1,
     "GET /metrics": 1,
+    "GET /debug/mtp_stats": 1,
 }
 CHECKS = [
     not_a_server_error,

@@ -73,6 +73,19 @@ class Answers:
 
 
 _STATUS_OK = {"type": "object", "properties": {"status": {"const": "ok"}}, "required": ["status"]}
+_MTP_STATS = {  # speculative decoding's acceptance; only "enabled" without --method
+    "type": "object",
+    "properties": {
+        "enabled": {"type": "boolean"},
+        "total_draft_tokens": {"type": "integer"},
+        "total_accepted_tokens": {"type": "integer"},
+        "acceptance_rate": {"type": "number"},
+        "average_tokens_per_forward": {"type": "number"},
+        "num_verifications": {"type": "integer"},
+        "acceptance_per_position": {"type": "array", "items": {"type": "number"}},
+    },
+    "required": ["enabled"],
+}
 _PROFILE_OK = {
     "type": "object",
     "properties": {"status": {"const": "ok"}, "message": {"type": "string"}},
@@ -93,6 +106,7 @@ ROUTES: dict[str, Answers] = {
         {"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]}
     ),
     "/metrics": Answers({"type": "string"}, media_type="text/plain"),
+    "/debug/mtp_stats": Answers(_MTP_STATS),
     "/start_profile": Answers(_PROFILE_OK, (400, 401, 503)),
     "/stop_profile": Answers(_PROFILE_OK, (400, 401, 503)),
 }

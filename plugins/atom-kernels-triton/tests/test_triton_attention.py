@@ -263,7 +263,7 @@ def test_plan_splits_decodes_from_prefills_with_aligned_prefill_indices(num_deco
     starts = [0]
     for n in lens:
         starts.append(starts[-1] + n)
-    meta = SimpleNamespace(query_start_loc_cpu=starts)
+    meta = SimpleNamespace(query_start_loc_cpu=starts, decode_seqs=None, prefill_seqs=None)
     decodes, prefills = TritonAttentionBackend._plan(meta, torch.device("cpu"))
     assert decodes.tolist() == [*range(num_decodes), num_decodes + 2]
     assert prefills.tolist() == [num_decodes, num_decodes + 1]
