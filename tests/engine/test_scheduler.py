@@ -358,3 +358,32 @@ def test_scheduler_delay_factor_with_fake_clock():
     sched.finish(b, "stop")
     sched.add(c)
     assert sched.schedule().seqs == [c]  # nothing running: no delay
+
+
+def test_drafts_ride_with_their_decode_and_only_accepted_ones_count():
+    """A decoding sequence with draft tokens (speculative decoding) computes its newest
+    token plus the drafts, within the step budget; afterwards only the verified tokens
+    (newest + accepted drafts) count as computed."""
+    sched = make_scheduler(num_blocks=64, max_tokens_per_step=16)
+    a, b = make_seq(list(range(6)), max_tokens=8), make_seq(list(range(5)), max_tokens=8)
+    sched.add(a)
+    sched.add(b)
+    step(sched)  # both prompts
+    a.spec_tokens = [7, 8, 9]
+    batch = sched.schedule()
+    assert batch.seqs == [a, b] and batch.num_scheduled_tokens == [4, 1]
+    assert batch.drafts == [[7, 8, 9], []] and batch.sample_mask == [True, True]
+    assert len(a.block_table) * BS >= a.num_computed_tokens + 4
+    before = a.num_computed_tokens
+    a.token_ids += [7, 42]  # one draft accepted, then the target's own token
+    b.token_ids.append(5)
+    sched.advance(batch, {a.seq_id: 1})
+    assert a.num_computed_tokens == before + 2 and b.num_computed_tokens == 6
+    # A budget smaller than the drafts trims them (the newest token always fits).
+    sched = make_scheduler(num_blocks=64, max_tokens_per_step=3)
+    c = make_seq(list(range(2)), max_tokens=8)
+    sched.add(c)
+    step(sched)
+    c.spec_tokens = [1, 2, 3, 4]
+    batch = sched.schedule()
+    assert batch.num_scheduled_tokens == [3] and batch.drafts == [[1, 2]]
