@@ -105,6 +105,18 @@ def _time_atom(engine: Any, prompts: list[str], output_len: int) -> tuple[dict, 
     return results, weight_bytes
 
 
+def time_hf_generate(model: Any, enc: Any, output_len: int, **kw: Any) -> tuple[float, float]:
+    """(first token s, whole generation s) of a transformers ``generate``, after a warm-up."""
+    with torch.inference_mode():
+        model.generate(**enc, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
+        t0 = time.perf_counter()
+        model.generate(**enc, max_new_tokens=1, min_new_tokens=1, **kw)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model.generate(**enc, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
+        return ttft, time.perf_counter() - t0
+
+
 def bench_hf(prompts: list[str], output_len: int, dtype: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -126,14 +138,7 @@ def bench_hf(prompts: list[str], output_len: int, dtype: str) -> dict:
         enc = tok((texts * bs)[:bs], return_tensors="pt", padding=True,
                   add_special_tokens=False)
         kw = dict(do_sample=False, pad_token_id=tok.pad_token_id)
-        with torch.inference_mode():
-            model.generate(**enc, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
-            t0 = time.perf_counter()
-            model.generate(**enc, max_new_tokens=1, min_new_tokens=1, **kw)
-            ttft = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            model.generate(**enc, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
-            total = time.perf_counter() - t0
+        ttft, total = time_hf_generate(model, enc, output_len, **kw)
         n = bs * output_len
         results[bs] = {"decode_tok_s": (n - bs) / (total - ttft), "e2e_tok_s": n / total,
                        "ttft_s": ttft}

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import markdown_table, write_json  # noqa: E402
-from cpu_decode import copy_bandwidth_gbs  # noqa: E402
+from cpu_decode import copy_bandwidth_gbs, time_hf_generate  # noqa: E402
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor "
            "jugs. How vexingly quick daft zebras jump. The five boxing wizards jump quickly.")
@@ -77,15 +77,7 @@ def bench_hf(texts: list[str], bs: int, lookup: int | None) -> dict:
     kw = dict(do_sample=False, pad_token_id=tok.pad_token_id)
     if lookup:
         kw["prompt_lookup_num_tokens"] = lookup
-    with torch.inference_mode():
-        model.generate(**enc, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up
-        t0 = time.perf_counter()
-        model.generate(**enc, max_new_tokens=1, min_new_tokens=1, **kw)
-        ttft = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        model.generate(**enc, max_new_tokens=ARGS.output_len, min_new_tokens=ARGS.output_len,
-                       **kw)
-        total = time.perf_counter() - t0
+    ttft, total = time_hf_generate(model, enc, ARGS.output_len, **kw)
     n = bs * ARGS.output_len
     return {"decode_tok_s": (n - bs) / (total - ttft)}
 

@@ -232,10 +232,10 @@ class ModelRunner:
         seqs, counts = batch.seqs, batch.num_scheduled_tokens
         starts = [s.num_computed_tokens for s in seqs]
         sampling = [i for i, last in enumerate(batch.sample_mask) if last]
-        rows = [s.token_ids + d if d else s.token_ids for s, d in zip(seqs, batch.drafts)]
         inputs = eager_inputs(
-            rows, starts, counts, [s.block_table for s in seqs],
+            [s.token_ids for s in seqs], starts, counts, [s.block_table for s in seqs],
             self.block_size, self.device, sampling, _fill_map(seqs, sampling, ids_from),
+            batch.drafts if batch.has_drafts else None,
         )
         if batch.has_drafts:
             return self._verify(batch, inputs, starts, sampling)

@@ -103,15 +103,15 @@ def verify(
     greedy = [s.sampling_params.greedy for s in seqs]
     if forced is None:
         out = rejection_sample(probs, draft_ids, counts, None, greedy, generators)
-        num = out.num_tokens.tolist()
-        return ([row[:n] for row, n in zip(out.token_ids.tolist(), num)],
-                out.num_accepted.tolist())
+        # One device-to-host copy: accepted count, then the emitted tokens (-1 padded).
+        rows = torch.cat([out.num_accepted[:, None], out.token_ids], dim=1).tolist()
+        return [row[1 : row[0] + 2] for row in rows], [row[0] for row in rows]
     # Forced: accept a scheduled number of drafts, then the target's own token at the
     # first unaccepted row (its argmax, or a draw for sampled sequences).
     accepted = sample_forced_accepts(forced[0], forced[1], len(seqs)).tolist()
     noise = torch.empty_like(probs).exponential_()
-    greedy_rows = torch.tensor([g for g, k in zip(greedy, counts) for _ in range(k + 1)],
-                               device=device)
+    greedy_rows = host_to_device([g for g, k in zip(greedy, counts) for _ in range(k + 1)],
+                                 torch.bool, device)
     scores = torch.where(greedy_rows[:, None], probs, probs / noise.clamp_min_(1e-30))
     target = scores.argmax(dim=-1).tolist()
     emitted: list[list[int]] = []

@@ -98,12 +98,15 @@ def eager_inputs(
     device: torch.device,
     sample: list[int] | None = None,
     fill: tuple[list[int], list[int]] | None = None,
+    drafts: list[list[int]] | None = None,
 ) -> EagerInputs:
     """Sequence i computes tokens ``starts[i]`` to ``starts[i] + counts[i]`` of
     ``token_rows[i]``, over block table ``tables[i]`` (covering those tokens). ``sample``:
     the sequences whose last computed row is sampled. ``fill``: (sequences, indices): the
     input id of each such sequence's last computed row is taken on the device from the
-    previous step's sampled ids at that index. ``token_rows`` None: no ids (a profiling run)."""
+    previous step's sampled ids at that index. ``token_rows`` None: no ids (a profiling run).
+    ``drafts``: tokens sequence i computes after its own (speculative decoding), the last
+    ``len(drafts[i])`` of its ``counts[i]``; they are not in ``token_rows[i]``."""
     n = len(counts)
     lens = np.asarray(counts, dtype=np.int64)
     qsl, owner, positions = token_layout(starts, counts)
@@ -119,7 +122,9 @@ def eager_inputs(
     pack = _Packer()
     ids_at = None
     if token_rows is not None:
-        rows = (row[a : a + c] for row, a, c in zip(token_rows, starts, counts))
+        extra = drafts or [[]] * n
+        rows = (chain(row[a : a + c - len(e)], e)
+                for row, a, c, e in zip(token_rows, starts, counts, extra))
         ids_at = pack.add(np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total))
     pos_at = pack.add(positions)
     slots_at = pack.add(slots)

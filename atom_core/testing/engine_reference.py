@@ -68,3 +68,22 @@ def check_prompt_logprobs(hf: Any, ps: list[list[int]], outs: list[dict], top: i
             assert last.token_id == int(ref[-1].argmax())
             assert abs(last.logprob - float(ref[-1].max())) < 1e-4
             assert [t for t, _ in last.top] == ref[-1].topk(top).indices.tolist()
+
+
+def staggered_generate(engine: Any, prompts: list[list[int]], params: list[Any],
+                       every: int) -> list[list[int]]:
+    """Each request's token ids, the requests arriving one per ``every`` engine steps, so
+    prompts land beside running decodes (mixed steps)."""
+    got: dict[str, list[int]] = {}
+
+    def collect(out: Any) -> None:
+        got.setdefault(out.request_id, []).extend(out.token_ids)
+
+    rids = []
+    for p, sp in zip(prompts, params, strict=True):
+        rids += engine.add_request([p], sp, stream_callback=collect)
+        for _ in range(every):
+            engine.step()
+    while not engine.is_finished():
+        engine.step()
+    return [got[r] for r in rids]

@@ -17,7 +17,7 @@ from atom_core.engine import step_graphs
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.engine.step_graphs import MAX_PROMPTS, SLOTS
 from atom_core.sampling_params import SamplingParams
-from atom_core.testing.engine_reference import hf_greedy, hf_model
+from atom_core.testing.engine_reference import hf_greedy, hf_model, staggered_generate
 from atom_core.testing.tiny_models import tiny_model_dir
 
 SIZES = [16, 32, 64]
@@ -51,23 +51,6 @@ def prompts(n: int, seed: int = 0, longest: int = 60) -> list[list[int]]:
     return [[rng.randrange(256) for _ in range(rng.randrange(2, longest))] for _ in range(n)]
 
 
-def staggered(eng: LLMEngine, ps, params, every: int) -> list[list[int]]:
-    """Requests arrive one per ``every`` steps, so prompts land beside running decodes."""
-    got: dict[str, list[int]] = {}
-
-    def collect(out):
-        got.setdefault(out.request_id, []).extend(out.token_ids)
-
-    rids = []
-    for p, sp in zip(ps, params):
-        rids += eng.add_request([p], sp, stream_callback=collect)
-        for _ in range(every):
-            eng.step()
-    while not eng.is_finished():
-        eng.step()
-    return [got[r] for r in rids]
-
-
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_lone_prompts_padded_equal_transformers(async_scheduling):
     ps = prompts(5)
@@ -89,8 +72,8 @@ def test_prompts_beside_decodes_equal_eager_and_transformers(async_scheduling):
     kw = dict(max_num_batched_tokens=24, async_scheduling=async_scheduling)
     eng = engine(True, **kw)
     graphed = count_graphed(eng)
-    outs = staggered(eng, ps, params, every=2)
-    assert outs == staggered(engine(False, **kw), ps, params, every=2)
+    outs = staggered_generate(eng, ps, params, every=2)
+    assert outs == staggered_generate(engine(False, **kw), ps, params, every=2)
     hf = hf_greedy(hf_model(tiny_model_dir("qwen3")), ps, max(lengths))
     assert outs == [h[:n] for h, n in zip(hf, lengths)]
     mixed = [g for g in graphed if 1 in g and max(g) > 1]
@@ -157,5 +140,5 @@ def test_steps_outside_the_graphs_stay_eager(monkeypatch):
     assert graphed == []
     # A decode past LONG_DECODE_CONTEXT beside a prompt: the step runs eagerly.
     monkeypatch.setattr(step_graphs, "LONG_DECODE_CONTEXT", 8)
-    staggered(eng, [[3] * 10, [4] * 5], [params, params], every=1)
+    staggered_generate(eng, [[3] * 10, [4] * 5], [params, params], every=1)
     assert not any(1 in g for g in graphed)

@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from atom_core.engine.llm_engine import LLMEngine  # noqa: E402
 from atom_core.sampling_params import SamplingParams  # noqa: E402
+from atom_core.testing.engine_reference import staggered_generate  # noqa: E402
 from atom_core.testing.tiny_models import tiny_model_dir  # noqa: E402
 
 SIZES = [16, 32, 64, 128]
@@ -48,22 +49,6 @@ def make(graphs: bool, padded: bool = False, **kw) -> tuple[LLMEngine, list[list
     return eng, seen
 
 
-def staggered(eng: LLMEngine, prompts, params, every: int) -> list[list[int]]:
-    got: dict[str, list[int]] = {}
-
-    def collect(out):
-        got.setdefault(out.request_id, []).extend(out.token_ids)
-
-    rids = []
-    for p, sp in zip(prompts, params):
-        rids += eng.add_request([p], sp, stream_callback=collect)
-        for _ in range(every):
-            eng.step()
-    while not eng.is_finished():
-        eng.step()
-    return [got[r] for r in rids]
-
-
 @pytest.mark.parametrize("kw", [{}, {"max_num_batched_tokens": 32, "enable_prefix_caching": True}])
 def test_graph_lone_prompts_equal_eager(kw):
     rng = random.Random(0)
@@ -89,6 +74,6 @@ def test_graph_prompts_beside_decodes_equal_eager(async_scheduling):
     outs = []
     for graphs in (False, True):
         eng, seen = make(graphs, padded=not graphs, **kw)
-        outs.append(staggered(eng, prompts, params, every=2))
+        outs.append(staggered_generate(eng, prompts, params, every=2))
     assert outs[1] == outs[0]
     assert sum(1 for g in seen if 1 in g and max(g) > 1) >= 5  # mixed steps replayed
