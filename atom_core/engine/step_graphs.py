@@ -113,8 +113,8 @@ class StepGraphs:
                 return False
         return 0 < prompts <= MAX_PROMPTS
 
-    def _seq_field(self, dev: bool, start: int, n: int) -> torch.Tensor:
-        return (self.dev_seq if dev else self.host_seq)[start : start + n]
+    def _dev_field(self, start: int, n: int) -> torch.Tensor:
+        return self.dev_seq[start : start + n]
 
     def _meta(self, size: int, qsl: np.ndarray | None = None,
               lens: np.ndarray | None = None) -> AttentionMetadata:
@@ -126,16 +126,16 @@ class StepGraphs:
         cap = min(size, self.max_seqs)
         return AttentionMetadata(
             slot_mapping=self.dev_tok[SLOTS, :size],
-            query_start_loc=self._seq_field(True, self._qsl, cap + 1),
-            seq_lens=self._seq_field(True, self._lens, cap),
+            query_start_loc=self._dev_field(self._qsl, cap + 1),
+            seq_lens=self._dev_field(self._lens, cap),
             block_tables=self.dev_tables[:cap],
             block_size=self.block_size,
             max_query_len=size,
             max_seq_len=self.max_model_len if lens is None else int(lens.max()),
             query_start_loc_cpu=[0] * (cap + 1) if qsl is None else qsl.tolist(),
             seq_lens_cpu=[self.max_model_len] * cap if lens is None else lens.tolist(),
-            decode_seqs=self._seq_field(True, self._dec, cap),
-            prefill_seqs=self._seq_field(True, self._pre, MAX_PROMPTS),
+            decode_seqs=self._dev_field(self._dec, cap),
+            prefill_seqs=self._dev_field(self._pre, MAX_PROMPTS),
         )
 
     def _forward(self, size: int, meta: AttentionMetadata) -> torch.Tensor:
@@ -230,4 +230,4 @@ class StepGraphs:
             hidden = self.hidden[size]
         else:
             hidden = self._forward(size, self._meta(size, qsl, lens))
-        return hidden.index_select(0, self._seq_field(True, self._sample, len(sample)))
+        return hidden.index_select(0, self._dev_field(self._sample, len(sample)))

@@ -58,18 +58,6 @@ def marginal_acceptance(length: float, k: int) -> list[float]:
     return [min(1.0, max(0.0, budget - j)) for j in range(k)]
 
 
-def conditional_acceptance(length: float, k: int) -> list[float]:
-    """P(position j accepted | position j-1 accepted), j = 1..k (position 0: always).
-
-    A position after one that is never accepted is never reached; it gets 0. With the prefix
-    schedule these equal the marginals; both are given because a rejection sampler walks
-    positions conditionally while metrics report marginals.
-    """
-    marginal = marginal_acceptance(length, k)
-    previous = [1.0, *marginal[:-1]]
-    return [m / p if p > 0.0 else 0.0 for m, p in zip(marginal, previous)]
-
-
 def sample_forced_accepts(
     length: float,
     k: int,

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from atom_core.spec_decode.forced import (
-    conditional_acceptance,
     marginal_acceptance,
     resolve_acceptance_length,
     sample_forced_accepts,
@@ -15,30 +14,15 @@ from atom_core.spec_decode.forced import (
 
 def test_example_schedule() -> None:
     assert marginal_acceptance(3.78, 7) == pytest.approx([1, 1, 0.78, 0, 0, 0, 0])
-    assert conditional_acceptance(3.78, 7) == pytest.approx([1, 1, 0.78, 0, 0, 0, 0])
-
-
-@pytest.mark.parametrize("length, k", [(2.5, 3), (3.0, 4), (1.2, 1), (7.99, 8)])
-def test_conditional_chains_to_marginal(length: float, k: int) -> None:
-    # Accepting position j requires every earlier one, so marginals are running products.
-    conditional = conditional_acceptance(length, k)
-    running, products = 1.0, []
-    for c in conditional:
-        running *= c
-        products.append(running)
-    assert products == pytest.approx(marginal_acceptance(length, k))
-    assert all(0.0 <= c <= 1.0 for c in conditional)
 
 
 def test_length_one_accepts_nothing() -> None:
     assert marginal_acceptance(1.0, 5) == [0.0] * 5
-    assert conditional_acceptance(1.0, 5) == [0.0] * 5
     assert sample_forced_accepts(1.0, 5, 100).tolist() == [0] * 100
 
 
 def test_length_k_plus_one_accepts_everything() -> None:
     assert marginal_acceptance(6.0, 5) == [1.0] * 5
-    assert conditional_acceptance(6.0, 5) == [1.0] * 5
     assert sample_forced_accepts(6.0, 5, 100).tolist() == [5] * 100
 
 
