@@ -125,6 +125,10 @@ class CompilationConfig:
     )
 
 
+# Speculative methods whose draft weights are a checkpoint of their own (--draft-model).
+DRAFT_MODEL_METHODS = ("draft_model", "eagle3")
+
+
 @dataclass
 class SpeculativeConfig:
     method: str | None = opt(
@@ -134,6 +138,11 @@ class SpeculativeConfig:
     )
     num_speculative_tokens: int = opt(
         1, ("--num-speculative-tokens",), "draft tokens proposed and verified per step"
+    )
+    draft_model: str | None = opt(
+        None, ("--draft-model",),
+        "the draft's checkpoint for --method draft_model (any causal LM sharing the target's "
+        "vocabulary) and eagle3 (an EAGLE-3 draft directory)",
     )
     spec_decode_acceptance_length: float | None = opt(
         None, ("--spec-decode-acceptance-length",),
@@ -236,6 +245,8 @@ class Config:
         if spec.method is None:
             if forced != (None, None):
                 raise ConfigError("--spec-decode-acceptance-length/-rate need --method")
+            if spec.draft_model is not None:
+                raise ConfigError("--draft-model needs --method (draft_model or eagle3)")
             return
         from atom_core.plugins import get_registries  # plugins load after config parsing
 
@@ -245,6 +256,8 @@ class Config:
                               f"{', '.join(methods.names()) or 'none'}")
         if spec.num_speculative_tokens < 1:
             raise ConfigError("--num-speculative-tokens must be >= 1")
+        if spec.method in DRAFT_MODEL_METHODS and spec.draft_model is None:
+            raise ConfigError(f"--method {spec.method} needs --draft-model")
         from atom_core.spec_decode.forced import resolve_acceptance_length
 
         try:

@@ -86,10 +86,12 @@ def register_attention_backends(register):
 def register_spec_decode_proposers(register):
     """Provide speculative-decoding draft proposers.
 
-    Call ``register(method, proposer_cls)``; ``method`` is the value users pass to
-    ``--method`` (``mtp``, ``eagle3``, ``ngram``). Names are unique across plugins.
-    ``proposer_cls()`` makes a proposer whose ``propose(token_ids_per_seq, k)`` returns up
-    to k draft tokens per sequence (engine/spec_decode.py verifies them).
+    Call ``register(method, factory)``; ``method`` is the value users pass to ``--method``
+    (``ngram``, ``draft_model``, ``mtp``, ``eagle3``). Names are unique across plugins.
+    ``factory(ctx)`` gets an ``atom_core.spec_decode.proposer.ProposerContext`` (the
+    flags, the target model, device and dtype) and returns a ``TokenProposer`` (drafts
+    from the token ids) or a ``DraftNetwork`` (a model the engine runs beside the target);
+    that module says what each provides. engine/spec_decode.py verifies the drafts.
     """
 
 

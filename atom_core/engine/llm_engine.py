@@ -24,6 +24,7 @@ from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.loader import load_model
 from atom_core.sampling_params import SamplingParams
+from atom_core.spec_decode.proposer import ProposerContext
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,11 @@ class LLMEngine:
             )
         self.max_model_len = sc.max_model_len
         self.eos_token_ids = self._eos_ids(loaded.generation_defaults)
-        self.runner = ModelRunner(config, loaded, self.device, self.dtype)
+        self.speculator: Speculator | None = None
+        if config.speculative_config.method is not None:
+            ctx = ProposerContext(config, loaded.model, self.hf_config, self.device, self.dtype)
+            self.speculator = Speculator(config, self.max_model_len, ctx)
+        self.runner = ModelRunner(config, loaded, self.device, self.dtype, self.speculator)
         capacity = self.runner.num_blocks * config.cache_config.block_size
         if capacity < self.max_model_len:
             raise ConfigError(
@@ -127,7 +132,10 @@ class LLMEngine:
             self.runner.num_blocks, config.cache_config.block_size,
             config.cache_config.enable_prefix_caching,
         )
-        self.scheduler = Scheduler(sc, self.block_manager, self.max_model_len)
+        self.scheduler = Scheduler(
+            sc, self.block_manager, self.max_model_len,
+            lookahead=self.speculator.lookahead if self.speculator is not None else 0,
+        )
         self.stats = StatsLogger(config.observability_config, self.scheduler, self.block_manager)
         self.profiler = TorchProfiler(profiler_dir(config.observability_config.torch_profiler_dir))
         self._requests: dict[str, _Request] = {}
@@ -135,9 +143,7 @@ class LLMEngine:
         self.num_preemptions = 0
         self.last_step_tokens = (0, 0)  # (prompt, generated) tokens of the latest step
         self._pending: PendingStep | None = None  # a step queued and not read yet
-        self.speculator: Speculator | None = None
-        if config.speculative_config.method is not None:
-            self.speculator = Speculator(config, self.max_model_len)
+        if self.speculator is not None:
             if self.speculator.forced_length is not None:
                 self.runner.forced_acceptance = (self.speculator.forced_length,
                                                  self.speculator.k)
@@ -334,7 +340,10 @@ class LLMEngine:
             for seq, drafts in zip(batch.seqs, batch.drafts, strict=True):
                 if drafts:
                     self.speculator.stats.record(len(drafts), out.accepted.get(seq.seq_id, 0))
-            self.speculator.propose(self.scheduler.running)
+            if self.speculator.drafter is not None:
+                self.speculator.take(batch.seqs, out.drafts)
+            else:
+                self.speculator.propose(self.scheduler.running)
         return finished
 
     def print_mtp_statistics(self) -> None:

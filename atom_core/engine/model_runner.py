@@ -12,11 +12,12 @@ from atom_core.config import Config
 from atom_core.engine.annotations import annotate
 from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.cuda_graphs import CudaGraphRunner
+from atom_core.engine.drafter import DraftRows
 from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
-from atom_core.engine.spec_decode import verify
+from atom_core.engine.spec_decode import Speculator, verify
 from atom_core.engine.step_graphs import StepGraphs
 from atom_core.engine.step_inputs import EagerInputs, eager_inputs
 from atom_core.layers.context import forward_context
@@ -43,6 +44,7 @@ class PendingStep:
     # sequence emits, and its accepted drafts, by sequence id.
     emitted: dict[int, list[int]] = field(default_factory=dict)
     accepted: dict[int, int] = field(default_factory=dict)
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # a draft network's
 
 
 @dataclass
@@ -54,11 +56,13 @@ class StepOutput:
     prompt_logprobs: dict[int, list[Logprob | None]]
     emitted: dict[int, list[int]] = field(default_factory=dict)  # speculative: all tokens
     accepted: dict[int, int] = field(default_factory=dict)  # speculative: drafts accepted
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # a draft network's proposals
 
 
 class ModelRunner:
     def __init__(
-        self, config: Config, loaded: LoadedModel, device: torch.device, dtype: torch.dtype
+        self, config: Config, loaded: LoadedModel, device: torch.device, dtype: torch.dtype,
+        speculator: Speculator | None = None,
     ):
         self.config = config
         self.model = loaded.model
@@ -70,6 +74,12 @@ class ModelRunner:
         self.attention_layers = list(self.model.attention_layers())
         backend_names = {a.backend_name for a in self.attention_layers}
         self.attention_backend_name = ",".join(sorted(backend_names))
+        # A draft network runs beside the target (engine/drafter.py): its attention layers
+        # get caches of the same blocks, and every step runs eagerly to feed it.
+        self.speculator = speculator
+        self.drafter = speculator.drafter if speculator is not None else None
+        self.kv_layers = self.attention_layers + (
+            self.drafter.attention_layers() if self.drafter is not None else [])
         self.num_blocks = self._plan_kv_blocks()
         self._allocate_kv_cache(self.num_blocks)
         # The GPU decode path: persistent inputs, CUDA graphs, one D2H copy per step. The
@@ -106,7 +116,8 @@ class ModelRunner:
                         self.device.type, ", --enforce-eager" if comp.enforce_eager else "")
         graph_safe = all(getattr(a.backend, "cuda_graph_safe", False)
                          for a in self.attention_layers)
-        if self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes:
+        if (self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes
+                or self.drafter is not None):
             return
         if not graph_safe:
             logger.info(
@@ -154,7 +165,7 @@ class ModelRunner:
     def _bytes_per_block(self) -> int:
         elem = torch.empty((), dtype=self.dtype).element_size()
         total = 0
-        for layer in self.attention_layers:
+        for layer in self.kv_layers:
             n = 1
             for d in self._kv_shape(layer, 1):
                 n *= d
@@ -204,7 +215,7 @@ class ModelRunner:
         return peak
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
-        for layer in self.attention_layers:
+        for layer in self.kv_layers:
             layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks), dtype=self.dtype,
                                          device=self.device)
 
@@ -222,6 +233,8 @@ class ModelRunner:
         sequences it samples end in a placeholder on the host, and their input ids here are
         its sampled ids, copied on the device. docs/host_timeline.md walks through it."""
         with annotate(batch):
+            if self.drafter is not None:
+                return self._launch_eager(batch, ids_from)
             if self.decode_inputs is not None and self.is_plain_decode(batch):
                 return self._launch_decode(batch.seqs, ids_from)
             if self.steps is not None and self.is_graphed_step(batch):
@@ -250,12 +263,21 @@ class ModelRunner:
         prompt_lps: dict[int, list[Logprob | None]] = {}
         self._prompt_logprobs(seqs, starts, counts, inputs.meta.query_start_loc_cpu, hidden,
                               prompt_lps)
+        new: dict[int, list[int]] = {}
         if sbatch is None:
             nothing = torch.empty(0, dtype=torch.long, device=self.device)
-            return PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [], prompt_lps)
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
-        pending = self._send_back(chosen, self.sampler(logits, sbatch))
-        pending.prompt_logprobs = prompt_lps
+            pending = PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [],
+                                  prompt_lps)
+        else:
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+            result = self.sampler(logits, sbatch)
+            pending = self._send_back(chosen, result)
+            pending.prompt_logprobs = prompt_lps
+            if self.drafter is not None:  # its inputs include the sampled tokens
+                new = {i: [t] for i, t in zip(sampling, result.token_ids.tolist(), strict=True)}
+        if self.drafter is not None:
+            pending.drafts = self._draft(batch, starts, inputs.meta.query_start_loc_cpu,
+                                         hidden, new)
         return pending
 
     def _verify(self, batch: ScheduledBatch, inputs: EagerInputs, starts: list[int],
@@ -291,7 +313,31 @@ class ModelRunner:
         for s, toks, a in zip(chosen, emitted, accepted, strict=True):
             pending.emitted[s.seq_id] = toks
             pending.accepted[s.seq_id] = a
+        if self.drafter is not None:
+            new = dict(zip(plain, ([t] for t in pending.host.tolist()), strict=True))
+            new.update(zip(spec, emitted, strict=True))
+            pending.drafts = self._draft(batch, starts, qsl, hidden, new)
         return pending
+
+    def _draft(self, batch: ScheduledBatch, starts: list[int], qsl: list[int],
+               hidden: torch.Tensor, new: dict[int, list[int]]) -> dict[int, list[int]]:
+        """The draft network over the rows the target kept (engine/drafter.py). ``new``:
+        the tokens each sampling sequence (by batch index) emitted this step."""
+        assert self.drafter is not None and self.speculator is not None
+        rows = []
+        for i, (seq, n, drafts) in enumerate(zip(batch.seqs, batch.num_scheduled_tokens,
+                                                  batch.drafts, strict=True)):
+            start, own = starts[i], n - len(drafts)
+            emitted = new.get(i)
+            if emitted is None:  # a chunk short of its prompt's end: the next token is known
+                rows.append(DraftRows(seq, start, n, seq.token_ids[start : start + n + 1],
+                                      qsl[i], 0))
+                continue
+            # The kept rows: the sequence's own tokens and the accepted drafts.
+            rows.append(DraftRows(seq, start, own + len(emitted) - 1,
+                                  seq.token_ids[start : start + own] + emitted, qsl[i],
+                                  self.speculator.draft_limit(seq, len(emitted))))
+        return self.drafter.propose(rows, hidden)
 
     @staticmethod
     def is_plain_decode(batch: ScheduledBatch) -> bool:
@@ -377,7 +423,8 @@ class ModelRunner:
         if pending.ready is not None:
             pending.ready.synchronize()
         tokens = pending.host.tolist()
-        out = StepOutput({}, {}, pending.prompt_logprobs, pending.emitted, pending.accepted)
+        out = StepOutput({}, {}, pending.prompt_logprobs, pending.emitted, pending.accepted,
+                         pending.drafts)
         for j, s in enumerate(pending.seqs):
             out.sampled[s.seq_id] = tokens[j]
             if pending.logprobs[j] is not None:

@@ -66,6 +66,7 @@ class Scheduler:
         block_manager: BlockManager,
         max_model_len: int,
         clock: Callable[[], float] = time.monotonic,
+        lookahead: int = 0,
     ):
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -76,6 +77,8 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.clock = clock
+        # KV slots allocated past a step that samples: a draft network writes there.
+        self.lookahead = lookahead
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._requests: dict[str, Sequence] = {}  # unfinished, by request id
@@ -92,7 +95,8 @@ class Scheduler:
         bm = self.block_manager
         # Longest the sequence can grow; sized conservatively (the last sampled token's KV
         # is never written) so that one sequence alone can always finish.
-        max_len = min(seq.num_prompt_tokens + seq.sampling_params.max_tokens, self.max_model_len)
+        max_len = min(seq.num_prompt_tokens + seq.sampling_params.max_tokens + self.lookahead,
+                      self.max_model_len)
         max_len = max(max_len, seq.num_tokens)
         needed = (max_len + bm.block_size - 1) // bm.block_size
         if needed > bm.num_blocks:
@@ -165,8 +169,9 @@ class Scheduler:
                 i += 1
                 continue
             drafts = seq.spec_tokens[: budget - 1] if decodes else []
+            ahead = self._lookahead(seq, n, len(drafts))
             n += len(drafts)
-            if not self._allocate_or_preempt(seq, n, batch):
+            if not self._allocate_or_preempt(seq, n + ahead, batch):
                 break  # seq preempted itself: it was the last running sequence
             batch.add(seq, n, drafts)
             budget -= n
@@ -183,7 +188,8 @@ class Scheduler:
                 use_cache = seq.sampling_params.prompt_logprobs is None
                 hits = self.block_manager.prefix_hit_tokens(seq, use_cache)
                 n = min(seq.num_tokens - hits, budget)
-                if not self.block_manager.allocate(seq, n, use_cache):
+                ahead = self._lookahead(seq, n, 0, hits)
+                if not self.block_manager.allocate(seq, n + ahead, use_cache):
                     break  # FCFS: nothing overtakes a sequence that does not fit
                 assert seq.num_computed_tokens == hits
                 self.waiting.popleft()
@@ -198,6 +204,15 @@ class Scheduler:
     def _decodes(seq: Sequence) -> bool:
         """seq has its prompt computed and computes one token, its newest, next."""
         return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+    def _lookahead(self, seq: Sequence, n: int, drafts: int, computed: int | None = None) -> int:
+        """Lookahead slots for seq computing ``n`` of its own tokens and ``drafts`` more from
+        ``computed`` (default: what it has): only where the step samples, and never past
+        --max-model-len."""
+        start = seq.num_computed_tokens if computed is None else computed
+        if self.lookahead == 0 or start + n < seq.num_tokens:
+            return 0
+        return max(0, min(self.lookahead, self.max_model_len - start - n - drafts))
 
     def _allocate_or_preempt(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Allocate for running seq, preempting the most recent running sequences until it

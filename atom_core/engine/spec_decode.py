@@ -2,17 +2,20 @@
 
 After a step's tokens are appended, the proposer (``--method``, from the
 ``register_spec_decode_proposers`` hook) proposes up to ``--num-speculative-tokens`` drafts
-for every sequence that decodes next; ``Sequence.spec_tokens`` holds them. The scheduler
-gives such a sequence ``1 + k`` tokens (its newest token, then the drafts), the model runner
-computes logits at all of them in the one forward, and ``verify`` keeps the accepted prefix
-plus one token of the target's (a correction, or the bonus when all drafts pass): every
-emitted token is distributed as the target alone would draw it (spec_decode/rejection.py).
+for every sequence that decodes next (a draft network runs inside the step instead, over
+the rows the target computed: engine/drafter.py); ``Sequence.spec_tokens`` holds them. The
+scheduler gives such a sequence ``1 + k`` tokens (its newest token, then the drafts), the
+model runner computes logits at all of them in the one forward, and ``verify`` keeps the
+accepted prefix plus one token of the target's (a correction, or the bonus when all drafts
+pass): every emitted token is distributed as the target alone would draw it
+(spec_decode/rejection.py).
 The scheduler then counts only the verified tokens as computed: a rejected draft's KV lies
 past them and the next step overwrites it.
 
 Drafts go only to sequences whose sampling needs no token history or per-token host reads
 (no logprobs, no penalties): their verify rows are plain distributions. Steps with drafts
-run one at a time (the next step's drafts depend on this step's tokens) and eagerly.
+run one at a time (the next step's drafts depend on this step's tokens) and eagerly; with a
+draft network every step does (the network reads each step's rows).
 ``--spec-decode-acceptance-length``/``-rate`` force the number accepted instead (benchmarks
 only; spec_decode/forced.py).
 """
@@ -24,11 +27,13 @@ import logging
 import torch
 
 from atom_core.config import Config
+from atom_core.engine.drafter import Drafter
 from atom_core.engine.sequence import Sequence
 from atom_core.layers.sampler import Sampler, SamplingBatch
 from atom_core.layers.transfer import host_to_device
 from atom_core.plugins import get_registries
 from atom_core.spec_decode.forced import resolve_acceptance_length, sample_forced_accepts
+from atom_core.spec_decode.proposer import DraftNetwork, ProposerContext, TokenProposer
 from atom_core.spec_decode.rejection import rejection_sample
 from atom_core.spec_decode.stats import SpecDecodeStats
 
@@ -42,14 +47,26 @@ def drafts_allowed(seq: Sequence) -> bool:
 
 
 class Speculator:
-    """The proposer, the number of drafts and the statistics of one engine."""
+    """The proposer, the number of drafts and the statistics of one engine.
 
-    def __init__(self, config: Config, max_model_len: int) -> None:
+    A ``TokenProposer`` proposes here, after each step; a ``DraftNetwork`` runs in the
+    model runner beside the target (``drafter``), and ``take`` hands its drafts on."""
+
+    def __init__(self, config: Config, max_model_len: int, ctx: ProposerContext) -> None:
         spec = config.speculative_config
         assert spec.method is not None
         self.k = spec.num_speculative_tokens
         self.max_model_len = max_model_len
-        self.proposer = get_registries().proposers.get(spec.method)()
+        proposer = get_registries().proposers.get(spec.method)(ctx)
+        self.proposer: TokenProposer | None = None
+        self.drafter: Drafter | None = None
+        if isinstance(proposer, TokenProposer):
+            self.proposer = proposer
+        elif isinstance(proposer, DraftNetwork):
+            self.drafter = Drafter(proposer, config.cache_config.block_size, ctx.device)
+        else:
+            raise TypeError(f"--method {spec.method}: {type(proposer).__name__} is neither a "
+                            "TokenProposer nor a DraftNetwork (spec_decode/proposer.py)")
         self.forced_length = resolve_acceptance_length(
             self.k, spec.spec_decode_acceptance_length, spec.spec_decode_acceptance_rate)
         if self.forced_length is not None:
@@ -58,32 +75,54 @@ class Speculator:
                            self.forced_length)
         self.stats = SpecDecodeStats(self.k)
 
+    @property
+    def lookahead(self) -> int:
+        """KV slots a step's sampling sequences need past it (the drafter's writes)."""
+        return self.k if self.drafter is not None else 0
+
+    def draft_limit(self, seq: Sequence, new_tokens: int = 0) -> int:
+        """Drafts ``seq`` may take once ``new_tokens`` more are appended: as many as it may
+        still emit beyond the verified token (max_tokens, the context length), at most k;
+        none where its sampling reads the token history."""
+        if not drafts_allowed(seq):
+            return 0
+        room = min(seq.sampling_params.max_tokens - seq.num_output_tokens,
+                   self.max_model_len - seq.num_tokens) - new_tokens - 1
+        return max(0, min(room, self.k))
+
     def propose(self, seqs: list[Sequence]) -> None:
-        """Drafts for each sequence that decodes next, at most as many as it may still
-        emit beyond the verified token (max_tokens, the context length)."""
+        """A token proposer's drafts for each sequence that decodes next."""
+        assert self.proposer is not None
         chosen: list[Sequence] = []
         limits: list[int] = []
         for seq in seqs:
             seq.spec_tokens = []
             if (seq.is_finished or seq.num_uncomputed_tokens != 1
-                    or seq.num_computed_tokens < seq.num_prompt_tokens
-                    or not drafts_allowed(seq)):
+                    or seq.num_computed_tokens < seq.num_prompt_tokens):
                 continue
-            room = min(seq.sampling_params.max_tokens - seq.num_output_tokens,
-                       self.max_model_len - seq.num_tokens) - 1
-            if room > 0:
+            limit = self.draft_limit(seq)
+            if limit > 0:
                 chosen.append(seq)
-                limits.append(min(room, self.k))
+                limits.append(limit)
         if not chosen:
             return
         proposals = self.proposer.propose([s.token_ids for s in chosen], self.k)
         for seq, drafts, limit in zip(chosen, proposals, limits, strict=True):
-            drafts = list(drafts[:limit])
-            if self.forced_length is not None:
-                # Forced acceptance ignores the drafts' values: always offer the full
-                # count, so the schedule (not the proposer's hit rate) sets the length.
-                drafts += [seq.token_ids[-1]] * (limit - len(drafts))
-            seq.spec_tokens = drafts
+            seq.spec_tokens = self._padded(list(drafts[:limit]), limit, seq)
+
+    def take(self, seqs: list[Sequence], drafts: dict[int, list[int]]) -> None:
+        """The drafter's drafts for the sequences of the step just run (the others keep
+        theirs: nothing they depend on changed)."""
+        for seq in seqs:
+            found = drafts.get(seq.seq_id, []) if not seq.is_finished else []
+            seq.spec_tokens = self._padded(found, len(found), seq)
+
+    def _padded(self, drafts: list[int], limit: int, seq: Sequence) -> list[int]:
+        if self.forced_length is not None:
+            # Forced acceptance ignores the drafts' values: always offer the full
+            # count, so the schedule (not the proposer's hit rate) sets the length.
+            drafts += [seq.token_ids[-1]] * (limit - len(drafts))
+        return drafts
 
 
 def verify(

@@ -1,0 +1,114 @@
+"""Runs a ``DraftNetwork`` (spec_decode/proposer.py) beside the target, step by step.
+
+After each target step the network runs over the rows the target kept, writing its own KV
+at the same positions through the same block tables (its cache layers are allocated with
+the target's, block for block), so its cache covers every token the target's does, and
+prefix-cache hits and preemption need nothing of their own. Each sequence that wants
+drafts then takes the argmax of its last row, and up to k - 1 more single-token steps
+extend the run. The scheduler allocates k tokens of lookahead for these writes.
+
+A network that reads the target's hidden states sees at position p the token at p + 1
+(the target kept the row, so that token is known: the next prompt token or the one just
+sampled); a plain draft model sees the token at p, plus one more row for the newly
+sampled token. Drafts are argmaxes: the verifier treats them as a deterministic proposal
+(q one-hot), which keeps sampled requests exact.
+
+A position's draft KV depends on the token after it for hidden-state networks, so a cached
+block reused by a sequence that continues differently holds one stale draft row: that can
+lower acceptance, never change output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_core.engine.sequence import Sequence
+from atom_core.engine.step_inputs import eager_inputs
+from atom_core.layers.attention.layer import Attention
+from atom_core.layers.context import forward_context
+from atom_core.layers.transfer import host_to_device
+from atom_core.spec_decode.proposer import DraftNetwork
+
+
+@dataclass
+class DraftRows:
+    """One sequence's part of a target step, as the drafter needs it."""
+
+    seq: Sequence
+    start: int  # first position the target computed
+    kept: int  # rows the target kept (rejected drafts excluded)
+    tokens: list[int]  # tokens at positions start .. start + kept (kept + 1 of them)
+    hidden_row: int  # the target output row of position ``start``
+    wanted: int  # drafts to propose (0: only keep the draft cache in step)
+
+
+class Drafter:
+    def __init__(self, network: DraftNetwork, block_size: int, device: torch.device) -> None:
+        self.network = network
+        self.block_size = block_size
+        self.device = device
+
+    def attention_layers(self) -> list[Attention]:
+        return list(self.network.attention_layers())
+
+    @torch.inference_mode()
+    def propose(self, rows: list[DraftRows], target_hidden: torch.Tensor) -> dict[int, list[int]]:
+        """Drafts by sequence id for the rows that want them (one host read)."""
+        if not rows:
+            return {}
+        net = self.network
+        reads_hidden = net.reads_target_hidden
+        starts, counts, ids, hidden_rows = [], [], [], []
+        for r in rows:
+            extra = 0 if reads_hidden or r.wanted == 0 else 1
+            starts.append(r.start)
+            counts.append(r.kept + extra)
+            ids.extend(r.tokens[1 : r.kept + 1] if reads_hidden else r.tokens[: r.kept + extra])
+            hidden_rows.extend(range(r.hidden_row, r.hidden_row + r.kept))
+        hidden = None
+        if reads_hidden:
+            index = host_to_device(hidden_rows, torch.long, self.device)
+            hidden = net.target_hidden(target_hidden).index_select(0, index)
+        inputs = eager_inputs(None, starts, counts, [r.seq.block_table for r in rows],
+                              self.block_size, self.device)
+        qsl = inputs.meta.query_start_loc_cpu
+        with forward_context(inputs.meta):
+            out, carry = net.forward(host_to_device(ids, torch.long, self.device),
+                                     inputs.positions, hidden)
+        active = [i for i, r in enumerate(rows) if r.wanted > 0]
+        if not active:
+            return {}
+        last = host_to_device([qsl[i + 1] - 1 for i in active], torch.long, self.device)
+        drafts = [net.compute_logits(out.index_select(0, last)).argmax(dim=-1)]
+        carry = carry.index_select(0, last) if carry is not None else None
+        positions = [starts[i] + counts[i] for i in active]
+        for j in range(1, max((rows[i].wanted for i in active), default=0)):
+            keep = [n for n, i in enumerate(active) if rows[i].wanted > j]
+            sel = host_to_device(keep, torch.long, self.device)
+            step_ids = drafts[-1].index_select(0, sel)
+            step_carry = carry.index_select(0, sel) if carry is not None else None
+            active = [active[n] for n in keep]
+            positions = [positions[n] for n in keep]
+            inputs = eager_inputs(None, positions, [1] * len(active),
+                                  [rows[i].seq.block_table for i in active], self.block_size,
+                                  self.device)
+            with forward_context(inputs.meta):
+                out, carry = net.forward(step_ids, inputs.positions, step_carry)
+            drafts.append(net.compute_logits(out).argmax(dim=-1))
+            positions = [p + 1 for p in positions]
+        return self._collect(rows, drafts)
+
+    @staticmethod
+    def _collect(rows: list[DraftRows], drafts: list[torch.Tensor]) -> dict[int, list[int]]:
+        """Step j's argmaxes are over the sequences wanting more than j drafts, in order."""
+        host = torch.cat(drafts).tolist() if drafts else []
+        out: dict[int, list[int]] = {}
+        at = 0
+        for j in range(len(drafts)):
+            for r in rows:
+                if r.wanted > j:
+                    out.setdefault(r.seq.seq_id, []).append(host[at])
+                    at += 1
+        return out
