@@ -387,3 +387,26 @@ def test_drafts_ride_with_their_decode_and_only_accepted_ones_count():
     c.spec_tokens = [1, 2, 3, 4]
     batch = sched.schedule()
     assert batch.num_scheduled_tokens == [3] and batch.drafts == [[1, 2]]
+
+
+def test_lookahead_slots_only_past_steps_that_sample():
+    """With a draft network (lookahead k) a step that samples allocates k slots past its
+    tokens for the network's writes; a chunk short of its prompt's end does not, and the
+    lookahead stops at --max-model-len."""
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=6)
+    sched = Scheduler(config, BlockManager(64, BS, enable_prefix_caching=False), 16,
+                      lookahead=3)
+    a = make_seq(list(range(10)), max_tokens=8)
+    sched.add(a)
+    batch = step(sched)  # the first 6-token chunk: no sample, no lookahead
+    assert batch.sample_mask == [False] and len(a.block_table) == 2
+    batch = step(sched)  # the last 4 prompt tokens, sampled: 10 + 3 slots
+    assert batch.sample_mask == [True] and len(a.block_table) == 4
+    a.spec_tokens = [1, 2]
+    batch = sched.schedule()  # 11 tokens + 2 drafts = 13 computed, 3 ahead, capped at 16
+    assert batch.num_scheduled_tokens == [3] and len(a.block_table) == 4
+    a.token_ids += [1, 2, 3]
+    sched.advance(batch, {a.seq_id: 2})
+    a.spec_tokens = [4]
+    batch = sched.schedule()  # 14 + 1 draft = 15 slots: the lookahead stops at 16
+    assert batch.num_scheduled_tokens == [2] and len(a.block_table) == 4

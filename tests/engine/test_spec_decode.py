@@ -1,8 +1,10 @@
-"""Speculative decoding in the engine (engine/spec_decode.py) with the core's n-gram
-proposer: greedy output equals the engine without speculation, token for token, through
-chunked prefill, prefix caching and preemption; drafts are really accepted; max_tokens
-and stop strings that fall inside an accepted run cut it there; streaming equals the final
-text; forced acceptance realizes its schedule; bad flags fail at start."""
+"""Speculative decoding in the engine (engine/spec_decode.py) with the core's methods,
+n-gram lookup and a draft model (engine/drafter.py): greedy output equals the engine
+without speculation, token for token, through chunked prefill, prefix caching and
+preemption; drafts are really accepted (all of them, where the draft is the target
+itself); max_tokens and stop strings that fall inside an accepted run cut it there;
+streaming equals the final text; forced acceptance realizes its schedule; bad flags fail
+at start."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from atom_core.config import ConfigError
 from atom_core.engine.llm_engine import LLMEngine
+from atom_core.loader import embedded_model_path
 from atom_core.sampling_params import SamplingParams
 from atom_core.testing.tiny_models import tiny_model_dir
 
@@ -27,6 +30,12 @@ PROMPTS = [
 ]
 
 
+TARGET = "qwen3"
+CHUNKED = dict(enable_prefix_caching=True, max_num_batched_tokens=24, num_gpu_blocks_override=40,
+               max_model_len=128, max_num_seqs=8)
+LENGTHS = (30, 17, 25, 40, 9, 33, 21, 28)
+
+
 def engine(method: str | None, **kw) -> LLMEngine:
     opts = dict(enable_log_stats=False, device="cpu", block_size=4)
     opts.update(kw)
@@ -35,21 +44,68 @@ def engine(method: str | None, **kw) -> LLMEngine:
     return LLMEngine(str(tiny_model_dir("qwen3")), **opts)
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_greedy_ngram_equals_plain_engine_with_chunks_caching_and_preemption(k):
-    kw = dict(enable_prefix_caching=True, max_num_batched_tokens=24, num_gpu_blocks_override=40,
-              max_model_len=128, max_num_seqs=8)
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-              for n in (30, 17, 25, 40, 9, 33, 21, 28)]
-    plain = [o["token_ids"] for o in engine(None, **kw).generate(PROMPTS, params)]
-    spec = engine("ngram", num_speculative_tokens=k, **kw)
+@pytest.fixture(scope="module")
+def plain_chunked() -> list[list[int]]:
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in LENGTHS]
+    return [o["token_ids"] for o in engine(None, **CHUNKED).generate(PROMPTS, params)]
+
+
+def run_chunked(method: str, k: int, **kw) -> tuple[LLMEngine, list[list[int]]]:
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in LENGTHS]
+    spec = engine(method, num_speculative_tokens=k, **CHUNKED, **kw)
     outs = [o["token_ids"] for o in spec.generate(PROMPTS, params)]
-    assert outs == plain
+    assert spec.num_preemptions > 0  # 40 blocks of 4 tokens do not hold all eight
+    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+    return spec, outs
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_ngram_equals_plain_engine_with_chunks_caching_and_preemption(k, plain_chunked):
+    spec, outs = run_chunked("ngram", k)
+    assert outs == plain_chunked
     stats = spec.speculator.stats
     assert stats.total_accepted_tokens > 0 and stats.total_draft_tokens > 0
     assert stats.average_tokens_per_forward > 1.0
-    assert spec.num_preemptions > 0  # 40 blocks of 4 tokens do not hold all eight
-    assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_target_as_its_own_draft_accepts_every_draft(k, plain_chunked):
+    spec, outs = run_chunked("draft_model", k, draft_model=str(tiny_model_dir(TARGET)))
+    assert outs == plain_chunked
+    stats = spec.speculator.stats
+    assert stats.total_draft_tokens > 50
+    assert stats.total_accepted_tokens == stats.total_draft_tokens
+
+
+def test_random_draft_model_changes_nothing_but_acceptance(plain_chunked):
+    spec, outs = run_chunked("draft_model", 3, draft_model=str(tiny_model_dir(TARGET, seed=1)))
+    assert outs == plain_chunked
+    stats = spec.speculator.stats
+    assert stats.total_draft_tokens > 50
+    assert stats.acceptance_rate < 0.5
+
+
+def test_draft_model_streams_and_samples_reproducibly():
+    draft = str(tiny_model_dir(TARGET))
+    spec = engine("draft_model", num_speculative_tokens=3, draft_model=draft)
+    pieces: dict[str, list[str]] = {}
+
+    def collect(out):
+        pieces.setdefault(out.request_id, []).append(out.text)
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    rids = spec.add_request(PROMPTS[:4], params, stream_callback=collect)
+    while not spec.is_finished():
+        spec.step()
+    plain = engine(None).generate(PROMPTS[:4], params)
+    assert ["".join(pieces[r]) for r in rids] == [o["text"] for o in plain]
+    seeded = [SamplingParams(temperature=0.8, seed=s, max_tokens=20, ignore_eos=True)
+              for s in range(4)]
+    a = engine("draft_model", num_speculative_tokens=3, draft_model=draft).generate(
+        PROMPTS[:4], seeded)
+    b = engine("draft_model", num_speculative_tokens=3, draft_model=draft).generate(
+        PROMPTS[:4], seeded)
+    assert [o["token_ids"] for o in a] == [o["token_ids"] for o in b]
 
 
 def test_max_tokens_and_stop_strings_cut_an_accepted_run():
@@ -110,7 +166,12 @@ def test_seeded_sampling_reproduces():
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    ({"method": "nope"}, "unknown --method 'nope'; registered: ngram"),
+    ({"method": "nope"}, "unknown --method 'nope'; registered: .*draft_model.*ngram"),
+    ({"method": "draft_model"}, "--method draft_model needs --draft-model"),
+    ({"draft_model": "x"}, "--draft-model needs --method"),
+    ({"method": "draft_model", "draft_model": "/nonexistent"}, "does not exist"),
+    ({"method": "draft_model", "draft_model": str(embedded_model_path())},
+     "vocabulary of 49152 tokens, the target 272"),
     ({"spec_decode_acceptance_length": 2.0}, "need --method"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "--num-speculative-tokens must be >= 1"),
     ({"method": "ngram", "num_speculative_tokens": 3, "spec_decode_acceptance_length": 5.0},
