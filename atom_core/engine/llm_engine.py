@@ -143,13 +143,9 @@ class LLMEngine:
         self.num_preemptions = 0
         self.last_step_tokens = (0, 0)  # (prompt, generated) tokens of the latest step
         self._pending: PendingStep | None = None  # a step queued and not read yet
-        if self.speculator is not None:
-            if self.speculator.forced_length is not None:
-                self.runner.forced_acceptance = (self.speculator.forced_length,
-                                                 self.speculator.k)
-            if sc.async_scheduling:
-                logger.info("speculative decoding: steps run one at a time (a step's drafts "
-                            "follow from the tokens before it), not ahead")
+        if self.speculator is not None and sc.async_scheduling:
+            logger.info("speculative decoding: steps run one at a time (a step's drafts "
+                        "follow from the tokens before it), not ahead")
         logger.info(
             "engine ready: model=%s (%s, %s) device=%s dtype=%s kv_blocks=%d x %d tokens "
             "max_model_len=%d prefix_caching=%s attention=%s",

@@ -89,8 +89,6 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.steps: StepGraphs | None = None
         self._sampling_cache: tuple[tuple[int, ...], SamplingBatch] | None = None
-        # (length, --num-speculative-tokens) when acceptance is forced (benchmarks only).
-        self.forced_acceptance: tuple[float, int] | None = None
         if self.fast_decode:
             self._setup_fast_decode()
 
@@ -308,7 +306,8 @@ class ModelRunner:
         chosen = [seqs[i] for i in spec]
         emitted, accepted = verify(
             self.sampler, logits, chosen, [batch.drafts[i] for i in spec],
-            [self._generator(s) for s in chosen], self.forced_acceptance,
+            [self._generator(s) for s in chosen],
+            self.speculator.forced if self.speculator is not None else None,
         )
         for s, toks, a in zip(chosen, emitted, accepted, strict=True):
             pending.emitted[s.seq_id] = toks

@@ -67,13 +67,25 @@ class Speculator:
         else:
             raise TypeError(f"--method {spec.method}: {type(proposer).__name__} is neither a "
                             "TokenProposer nor a DraftNetwork (spec_decode/proposer.py)")
-        self.forced_length = resolve_acceptance_length(
-            self.k, spec.spec_decode_acceptance_length, spec.spec_decode_acceptance_rate)
-        if self.forced_length is not None:
-            logger.warning("--spec-decode-acceptance-length %.2f: drafts are accepted without "
-                           "agreeing with the model; the generated text is meaningless",
-                           self.forced_length)
+        self.forced_length: float | None = None
+        self.force_acceptance(resolve_acceptance_length(
+            self.k, spec.spec_decode_acceptance_length, spec.spec_decode_acceptance_rate))
         self.stats = SpecDecodeStats(self.k)
+
+    def force_acceptance(self, length: float | None) -> None:
+        """Accept drafts by the minimum-variance schedule of mean ``length`` (the target's
+        own token included) instead of by agreement; None: verify for real. Benchmarks
+        switch it between runs of one engine."""
+        if length is not None:
+            resolve_acceptance_length(self.k, length, None)  # range check
+            logger.warning("forced acceptance length %.2f: drafts are accepted without "
+                           "agreeing with the model; the generated text is meaningless", length)
+        self.forced_length = length
+
+    @property
+    def forced(self) -> tuple[float, int] | None:
+        """(forced acceptance length, k) for ``verify``, or None."""
+        return None if self.forced_length is None else (self.forced_length, self.k)
 
     @property
     def lookahead(self) -> int:
