@@ -5,6 +5,11 @@ static buffers of ``DecodeInputs`` and writing a static logits tensor. A step of
 sequences replays the smallest captured size >= b; the rows past ``b`` are padding (slot
 -1, context 0) whose results are ignored. Graphs share one memory pool and are captured
 largest first, so the smaller ones reuse the larger one's memory.
+
+With speculative decoding a verify step's drafts are decode rows too (``DecodeInputs.
+prepare``'s drafts; ``AttentionMetadata.new_rows_per_seq`` says how many rows a sequence
+may have), and a draft network that reads the target's hidden states gets them from a
+second static output (``hidden_out``, e.g. EAGLE-3's projection of three layers).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 
 def capture_graph(
-    forward: Callable[[], torch.Tensor], pool: object | None
-) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    forward: Callable[[], Any], pool: object | None
+) -> tuple[torch.cuda.CUDAGraph, Any]:
     """``forward`` run once eagerly (Triton compiles and autotunes, backends cache their
     plans, all outside the capture), then captured into a graph sharing ``pool``; the graph
     and its static output."""
@@ -42,9 +48,13 @@ def capture_graph(
 class CudaGraphRunner:
     def __init__(
         self, model: nn.Module, inputs: DecodeInputs, capture_sizes: list[int], max_model_len: int,
-        tracer: CaptureTracer | None = None,
+        tracer: CaptureTracer | None = None, new_rows_per_seq: int = 1,
+        hidden_out: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         self.model = model
+        self.new_rows_per_seq = new_rows_per_seq
+        self.hidden_out = hidden_out
+        self.hidden: dict[int, torch.Tensor] = {}  # hidden_out's static outputs
         self.tracer = tracer or CaptureTracer(None)
         self.inputs = inputs
         self.max_model_len = max_model_len
@@ -58,11 +68,12 @@ class CudaGraphRunner:
         i = bisect.bisect_left(self.sizes, n)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def _forward(self, n: int) -> torch.Tensor:
-        meta = self.inputs.metadata(n, None, self.max_model_len)
+    def _forward(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        meta = self.inputs.metadata(n, None, self.max_model_len, self.new_rows_per_seq)
         with forward_context(meta):
             hidden = self.model(self.inputs.input_ids(n), self.inputs.positions(n))
-            return self.model.compute_logits(hidden)
+            logits = self.model.compute_logits(hidden)
+            return logits, self.hidden_out(hidden) if self.hidden_out is not None else None
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -73,7 +84,10 @@ class CudaGraphRunner:
         pool = None
         for n in reversed(self.sizes):
             with self.tracer.trace(n):
-                graph, self.logits[n] = capture_graph(lambda n=n: self._forward(n), pool)
+                graph, (self.logits[n], hidden) = capture_graph(lambda n=n: self._forward(n),
+                                                                pool)
+            if hidden is not None:
+                self.hidden[n] = hidden
             pool = graph.pool()
             self.graphs[n] = graph
         self.pool = pool

@@ -54,8 +54,11 @@ class Drafter:
         return list(self.network.attention_layers())
 
     @torch.inference_mode()
-    def propose(self, rows: list[DraftRows], target_hidden: torch.Tensor) -> dict[int, list[int]]:
-        """Drafts by sequence id for the rows that want them (one host read)."""
+    def propose(self, rows: list[DraftRows],
+                hidden: torch.Tensor | None) -> dict[int, list[int]]:
+        """Drafts by sequence id for the rows that want them (one host read). ``hidden``:
+        the network's hidden input (``target_hidden`` of the target's output) for every
+        row of the target's step, where it reads one."""
         if not rows:
             return {}
         net = self.network
@@ -67,10 +70,9 @@ class Drafter:
             counts.append(r.kept + extra)
             ids.extend(r.tokens[1 : r.kept + 1] if reads_hidden else r.tokens[: r.kept + extra])
             hidden_rows.extend(range(r.hidden_row, r.hidden_row + r.kept))
-        hidden = None
         if reads_hidden:
-            index = host_to_device(hidden_rows, torch.long, self.device)
-            hidden = net.target_hidden(target_hidden).index_select(0, index)
+            assert hidden is not None
+            hidden = hidden.index_select(0, host_to_device(hidden_rows, torch.long, self.device))
         inputs = eager_inputs(None, starts, counts, [r.seq.block_table for r in rows],
                               self.block_size, self.device)
         qsl = inputs.meta.query_start_loc_cpu

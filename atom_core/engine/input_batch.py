@@ -1,7 +1,8 @@
 """Decode-step inputs in persistent buffers: host rows filled in place, two async copies.
 
 A decode step needs, per sequence, its newest token, position, cache slot and context
-length, plus its block table. They live in one pinned host buffer per dtype and a device
+length, plus its block table (a speculative verify step has a row like that for each
+draft token too). They live in one pinned host buffer per dtype and a device
 twin of each; a step writes its rows on the host and issues two non-blocking host-to-device
 copies (a pageable copy would make the host wait for the GPU to drain). The device
 buffers never move, so CUDA graphs captured over them replay any step's contents.
@@ -52,25 +53,32 @@ class DecodeInputs:
         h[SLOTS, start:stop] = -1
         h[SEQ_LENS, start:stop] = 0
 
-    def prepare(self, seqs: list[Sequence], padded: int) -> list[int]:
+    def prepare(self, seqs: list[Sequence], padded: int,
+                drafts: list[list[int]] | None = None) -> list[int]:
         """Fill rows for ``seqs`` (each computing its one newest token) and pad up to
-        ``padded`` rows; start the copies. Returns the context lengths (host)."""
+        ``padded`` rows; start the copies. Returns the context lengths (host).
+        ``drafts``: draft tokens sequence i also computes (speculative verify), each a row
+        of its own after the sequence's newest, over the same block table."""
         if self._copied is not None:
             self._copied.synchronize()
         bs = self.block_size
         ids, positions, slots, lens = [], [], [], []
         tables, h_tables = self._rows, self._host_tables
+        r = 0
         for i, s in enumerate(seqs):
             p = s.num_computed_tokens
             table = s.block_table
-            ids.append(s.token_ids[p])
-            positions.append(p)
-            slots.append(table[p // bs] * bs + p % bs)
-            lens.append(p + 1)
-            if tables[i] != table:
-                h_tables[i, : len(table)] = table
-                tables[i] = list(table)
-        n = len(seqs)
+            for tok in (s.token_ids[p],) if drafts is None else (s.token_ids[p], *drafts[i]):
+                ids.append(tok)
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+                lens.append(p + 1)
+                if tables[r] != table:
+                    h_tables[r, : len(table)] = table
+                    tables[r] = list(table)
+                p += 1
+                r += 1
+        n = r
         h = self._host
         h[IDS, :n] = ids
         h[POSITIONS, :n] = positions
@@ -90,10 +98,12 @@ class DecodeInputs:
         return self.dev[POSITIONS, :n]
 
     def metadata(
-        self, n: int, seq_lens_cpu: list[int] | None, max_model_len: int
+        self, n: int, seq_lens_cpu: list[int] | None, max_model_len: int,
+        new_rows_per_seq: int = 1,
     ) -> AttentionMetadata:
         """Metadata over the first ``n`` rows. ``seq_lens_cpu`` None means graph capture:
-        the host-side facts are then placeholders no graph-safe backend reads."""
+        the host-side facts are then placeholders no graph-safe backend reads.
+        ``new_rows_per_seq``: the most rows one sequence has (``prepare``'s drafts)."""
         lens = seq_lens_cpu if seq_lens_cpu is not None else [max_model_len] * n
         return AttentionMetadata(
             slot_mapping=self.dev[SLOTS, :n],
@@ -105,4 +115,5 @@ class DecodeInputs:
             max_seq_len=max(lens, default=0) if seq_lens_cpu is not None else max_model_len,
             query_start_loc_cpu=list(range(n + 1)),
             seq_lens_cpu=lens,
+            new_rows_per_seq=new_rows_per_seq,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
-from atom_core.engine.spec_decode import Speculator, verify
+from atom_core.engine.spec_decode import Speculator, drafts_allowed, verify
 from atom_core.engine.step_graphs import StepGraphs
 from atom_core.engine.step_inputs import EagerInputs, eager_inputs
 from atom_core.layers.context import forward_context
@@ -97,8 +98,10 @@ class ModelRunner:
     def _setup_fast_decode(self) -> None:
         sched = self.config.scheduler_config
         max_len = sched.max_model_len or 1
+        # With speculation a verify step's drafts are decode rows too: k + 1 per sequence.
+        rows = sched.max_num_seqs * (1 + self.speculator.k if self.speculator else 1)
         self.decode_inputs = DecodeInputs(
-            sched.max_num_seqs, -(-max_len // self.block_size), self.block_size, self.device
+            rows, -(-max_len // self.block_size), self.block_size, self.device
         )
         pin = self.device.type == "cuda"
         # Two of each: with --async-scheduling step k+1 is queued before step k's ids are read.
@@ -114,8 +117,7 @@ class ModelRunner:
                         self.device.type, ", --enforce-eager" if comp.enforce_eager else "")
         graph_safe = all(getattr(a.backend, "cuda_graph_safe", False)
                          for a in self.attention_layers)
-        if (self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes
-                or self.drafter is not None):
+        if self.device.type != "cuda" or comp.enforce_eager or not comp.cudagraph_capture_sizes:
             return
         if not graph_safe:
             logger.info(
@@ -124,11 +126,18 @@ class ModelRunner:
             )
             return
         tracer = CaptureTracer(profiler_dir(obs.torch_profiler_dir) if obs.mark_trace else None)
+        spec = self.speculator
+        reads_hidden = self.drafter is not None and self.drafter.network.reads_target_hidden
         self.graphs = CudaGraphRunner(
-            self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len, tracer
+            self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len, tracer,
+            new_rows_per_seq=1 + spec.k if spec is not None else 1,
+            hidden_out=self.drafter.network.target_hidden if reads_hidden else None,
         )
         self.graphs.capture()
-        if all(getattr(a.backend, "step_graph_safe", False) for a in self.attention_layers):
+        if self.drafter is not None:
+            logger.info("a draft network reads every step's rows: steps with prompt tokens "
+                        "run eagerly")
+        elif all(getattr(a.backend, "step_graph_safe", False) for a in self.attention_layers):
             self._setup_step_graphs(use_graphs=True)
         else:
             logger.info("attention backend %s has no graph-safe mixed steps: steps with "
@@ -231,6 +240,8 @@ class ModelRunner:
         sequences it samples end in a placeholder on the host, and their input ids here are
         its sampled ids, copied on the device. docs/host_timeline.md walks through it."""
         with annotate(batch):
+            if self.is_row_verify(batch):
+                return self._launch_rows(batch)
             if self.drafter is not None:
                 return self._launch_eager(batch, ids_from)
             if self.decode_inputs is not None and self.is_plain_decode(batch):
@@ -275,7 +286,7 @@ class ModelRunner:
                 new = {i: [t] for i, t in zip(sampling, result.token_ids.tolist(), strict=True)}
         if self.drafter is not None:
             pending.drafts = self._draft(batch, starts, inputs.meta.query_start_loc_cpu,
-                                         hidden, new)
+                                         self._draft_hidden(hidden), new)
         return pending
 
     def _verify(self, batch: ScheduledBatch, inputs: EagerInputs, starts: list[int],
@@ -315,13 +326,81 @@ class ModelRunner:
         if self.drafter is not None:
             new = dict(zip(plain, ([t] for t in pending.host.tolist()), strict=True))
             new.update(zip(spec, emitted, strict=True))
-            pending.drafts = self._draft(batch, starts, qsl, hidden, new)
+            pending.drafts = self._draft(batch, starts, qsl, self._draft_hidden(hidden), new)
         return pending
 
+    def is_row_verify(self, batch: ScheduledBatch) -> bool:
+        """Every sequence decodes (its newest token, then any drafts) and samples plainly
+        (no logprobs, no penalties): the step runs as decode rows and is verified whole.
+        With a draft network every such step does (its drafts come from the rows), else
+        only steps with drafts."""
+        if self.speculator is None or not (batch.has_drafts or self.drafter is not None):
+            return False
+        for s, n, d in zip(batch.seqs, batch.num_scheduled_tokens, batch.drafts, strict=True):
+            if n != 1 + len(d) or s.num_computed_tokens + 1 != s.num_tokens:
+                return False
+            if not drafts_allowed(s):
+                return False
+        return True
+
+    def _launch_rows(self, batch: ScheduledBatch) -> PendingStep:
+        """A verify step as decode rows, one per token (the newest, then each draft), each
+        over its sequence's block table with context up to that token: on the GPU from the
+        decode graphs (engine/cuda_graphs.py), which compute every row's logits. Emitted
+        tokens are read here (steps with drafts run one at a time)."""
+        seqs, drafts = batch.seqs, batch.drafts
+        counts = [1 + len(d) for d in drafts]
+        n, most = sum(counts), max(counts)
+        inputs = self.decode_inputs
+        hidden: torch.Tensor | None = None
+        if inputs is not None and n <= inputs.max_seqs:
+            padded = self.graphs.padded_size(n) if self.graphs is not None else None
+            lens = inputs.prepare(seqs, padded or n, drafts)
+            if padded is not None:
+                logits = self.graphs.replay(padded)[:n]
+                if padded in self.graphs.hidden:
+                    hidden = self.graphs.hidden[padded][:n]
+            else:
+                meta = inputs.metadata(n, lens, self.config.scheduler_config.max_model_len or 1,
+                                       most)
+                with forward_context(meta):
+                    out = self.model(inputs.input_ids(n), inputs.positions(n))
+                logits, hidden = self.model.compute_logits(out), self._draft_hidden(out)
+        else:
+            starts = [s.num_computed_tokens + j for s, c in zip(seqs, counts) for j in range(c)]
+            tables = [s.block_table for s, c in zip(seqs, counts) for _ in range(c)]
+            ids = [t for s, d in zip(seqs, drafts) for t in (s.token_ids[-1], *d)]
+            rows = eager_inputs(None, starts, [1] * n, tables, self.block_size, self.device)
+            rows.meta.new_rows_per_seq = most
+            with forward_context(rows.meta):
+                out = self.model(host_to_device(ids, torch.long, self.device), rows.positions)
+            logits, hidden = self.model.compute_logits(out), self._draft_hidden(out)
+        assert self.speculator is not None
+        emitted, accepted = verify(self.sampler, logits, seqs, drafts,
+                                   [self._generator(s) for s in seqs], self.speculator.forced)
+        nothing = torch.empty(0, dtype=torch.long)
+        pending = PendingStep([], nothing, nothing, None, [])
+        for s, toks, a in zip(seqs, emitted, accepted, strict=True):
+            pending.emitted[s.seq_id] = toks
+            pending.accepted[s.seq_id] = a
+        if self.drafter is not None:
+            qsl = [0, *itertools.accumulate(counts)]
+            starts = [s.num_computed_tokens for s in seqs]
+            pending.drafts = self._draft(batch, starts, qsl, hidden, dict(enumerate(emitted)))
+        return pending
+
+    def _draft_hidden(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The draft network's hidden input for the target's output rows, where it reads
+        one."""
+        if self.drafter is None or not self.drafter.network.reads_target_hidden:
+            return None
+        return self.drafter.network.target_hidden(hidden)
+
     def _draft(self, batch: ScheduledBatch, starts: list[int], qsl: list[int],
-               hidden: torch.Tensor, new: dict[int, list[int]]) -> dict[int, list[int]]:
+               hidden: torch.Tensor | None, new: dict[int, list[int]]) -> dict[int, list[int]]:
         """The draft network over the rows the target kept (engine/drafter.py). ``new``:
-        the tokens each sampling sequence (by batch index) emitted this step."""
+        the tokens each sampling sequence (by batch index) emitted this step; ``hidden``:
+        the network's hidden input for the step's rows, where it reads one."""
         assert self.drafter is not None and self.speculator is not None
         rows = []
         for i, (seq, n, drafts) in enumerate(zip(batch.seqs, batch.num_scheduled_tokens,

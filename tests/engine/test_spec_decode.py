@@ -50,9 +50,15 @@ def plain_chunked() -> list[list[int]]:
     return [o["token_ids"] for o in engine(None, **CHUNKED).generate(PROMPTS, params)]
 
 
-def run_chunked(method: str, k: int, **kw) -> tuple[LLMEngine, list[list[int]]]:
+def run_chunked(method: str, k: int, buffers: bool = False,
+                **kw) -> tuple[LLMEngine, list[list[int]]]:
+    """``buffers``: decode and verify steps through the GPU path's static decode buffers
+    (``DecodeInputs``), run eagerly on the CPU."""
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in LENGTHS]
     spec = engine(method, num_speculative_tokens=k, **CHUNKED, **kw)
+    if buffers:
+        spec.runner.fast_decode = True
+        spec.runner._setup_fast_decode()
     outs = [o["token_ids"] for o in spec.generate(PROMPTS, params)]
     assert spec.num_preemptions > 0  # 40 blocks of 4 tokens do not hold all eight
     assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
@@ -75,6 +81,16 @@ def test_target_as_its_own_draft_accepts_every_draft(k, plain_chunked):
     stats = spec.speculator.stats
     assert stats.total_draft_tokens > 50
     assert stats.total_accepted_tokens == stats.total_draft_tokens
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_verify_rows_through_the_decode_buffers(method, plain_chunked):
+    """Each draft a decode row of its own in the static buffers, as the GPU's graphs run
+    them: the rows of one sequence see each other's K/V."""
+    spec, outs = run_chunked(method, 3, buffers=True, **(
+        {"draft_model": str(tiny_model_dir(TARGET))} if method == "draft_model" else {}))
+    assert outs == plain_chunked
+    assert spec.speculator.stats.total_accepted_tokens > 20
 
 
 def test_random_draft_model_changes_nothing_but_acceptance(plain_chunked):

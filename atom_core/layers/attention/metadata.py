@@ -28,6 +28,12 @@ class AttentionMetadata:
     decode_seqs      [D] int32   sequences with query_len 1, then -1 (padding)
     prefill_seqs     [P] int32   sequences with query_len > 1, then -1
     Backends that declare ``step_graph_safe`` read them when they are set.
+
+    new_rows_per_seq: the most rows one sequence's context gains this step. A speculative
+    verify step may run as decode rows, one per token (the newest, then each draft), each
+    row its own entry over the same block table with context up to that token: every
+    row's K/V must then be stored before any row attends, so a backend that fuses the store
+    into the attention kernel, or reads the newest row early, must not for such a batch.
     """
 
     slot_mapping: torch.Tensor
@@ -41,6 +47,7 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     decode_seqs: torch.Tensor | None = None
     prefill_seqs: torch.Tensor | None = None
+    new_rows_per_seq: int = 1
 
     @property
     def num_seqs(self) -> int:

@@ -89,7 +89,9 @@ class TritonAttentionBackend(AttentionBackend):
         1) the kernel preloads before its PDL wait, and the fused input's registers made it
         slower there (bench/decode_latency.py on the H200), so those grids keep the
         separate launch."""
-        if inp.has_qk_norm and meta.is_decode_only and q.shape[0]:
+        # The fused kernel stores each row's K/V itself: rows of one sequence (drafts run as
+        # decode rows) would read each other's before they are stored.
+        if inp.has_qk_norm and meta.is_decode_only and meta.new_rows_per_seq == 1 and q.shape[0]:
             splits = self._splits(meta.seq_lens.shape[0], q.device)
             if splits < PRELOAD_MIN_SPLITS:
                 new = NewTokenInput(k, v, inp.q_weight, inp.k_weight, inp.eps, inp.positions,
@@ -105,7 +107,7 @@ class TritonAttentionBackend(AttentionBackend):
                           device=q.device)
         paged_decode_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-            self.scale, splits, new_tokens=new,
+            self.scale, splits, new_tokens=new, fresh=meta.new_rows_per_seq,
         )
         return out.view(num_tokens, -1)
 

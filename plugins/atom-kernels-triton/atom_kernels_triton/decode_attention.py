@@ -150,7 +150,7 @@ def _decode_kernel(
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
     po_ptr, plse_ptr, count_ptr,
-    sm_scale, block_size, head_dim,
+    sm_scale, block_size, head_dim, fresh,
     kn_ptr, kn_stride, vn_ptr, vn_stride, qw_ptr, kw_ptr, eps, pos_ptr, cs_ptr, cs_stride,
     rot_dim, slot_ptr,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -205,8 +205,9 @@ def _decode_kernel(
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
-        # rows earlier steps wrote - all but the sequence's newest row, which the kernel
-        # before this one may be writing now. That row is reloaded after the wait, from L2.
+        # rows earlier steps wrote - all but the sequence's newest ``fresh`` rows, which the
+        # kernel before this one may be writing now (more than one where a sequence's draft
+        # tokens run as decode rows of their own). They are reloaded after the wait, from L2.
         k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(
             k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N
         )
@@ -219,7 +220,7 @@ def _decode_kernel(
     pdl_wait(PDL)
     if PRELOAD:
         if not FUSED_INPUT:
-            newest = kv_mask & (offs_n == seq_len - 1)[:, None]
+            newest = kv_mask & (offs_n >= seq_len - fresh)[:, None]
             k = tl.where(newest,
                          tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
             v = tl.where(newest,
@@ -341,12 +342,15 @@ def paged_decode_attention(
     seq_idx: torch.Tensor | None = None,  # a mixed batch's decodes only; -1 is padding
     tile: tuple[int, int, int] | None = None,  # (BLOCK_N, num_warps, num_stages): tuning only
     new_tokens: NewTokenInput | None = None,
+    fresh: int = 1,
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``.
 
     With ``new_tokens``, q is the raw projection output and the kernel also does Qwen3's
     attention input (see ``_decode_kernel``); the result equals running
-    ``qk_norm_rope_cache_write`` first. Without it, the cache already holds the new K/V."""
+    ``qk_norm_rope_cache_write`` first. Without it, the cache already holds the new K/V.
+    ``fresh``: how many of each context's last rows the step writes (the newest; more where
+    a sequence's drafts are decode rows of their own): none is read before the PDL wait."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     num_seqs = seq_idx.shape[0] if seq_idx is not None else seq_lens.shape[0]
@@ -387,7 +391,7 @@ def paged_decode_attention(
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
         out, out.stride(0), out.stride(1), po, plse, counters,
-        scale, block_size, head_dim, *extra,
+        scale, block_size, head_dim, fresh, *extra,
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
