@@ -5,7 +5,10 @@ at the same positions through the same block tables (its cache layers are alloca
 the target's, block for block), so its cache covers every token the target's does, and
 prefix-cache hits and preemption need nothing of their own. Each sequence that wants
 drafts then takes the argmax of its last row, and up to k - 1 more single-token steps
-extend the run. The scheduler allocates k tokens of lookahead for these writes.
+extend the run. The scheduler allocates k tokens of lookahead for these writes. Steps of
+at most k + 1 rows per sequence (every decode and verify step's) run as decode rows, on
+the GPU from the network's own CUDA graphs (engine/cuda_graphs.py); prompt chunks run
+eagerly.
 
 A network that reads the target's hidden states sees at position p the token at p + 1
 (the target kept the row, so that token is known: the next prompt token or the one just
@@ -20,10 +23,13 @@ lower acceptance, never change output.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
+from atom_core.engine.cuda_graphs import CudaGraphRunner
+from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.sequence import Sequence
 from atom_core.engine.step_inputs import eager_inputs
 from atom_core.layers.attention.layer import Attention
@@ -49,9 +55,73 @@ class Drafter:
         self.network = network
         self.block_size = block_size
         self.device = device
+        # The decode-row path (the GPU's): static rows, their graphs, the hidden input.
+        self.rows: DecodeInputs | None = None
+        self.graphs: CudaGraphRunner | None = None
+        self.max_rows_per_seq = 1
+        self.max_model_len = 1
+        self._hidden_in: torch.Tensor | None = None
 
     def attention_layers(self) -> list[Attention]:
         return list(self.network.attention_layers())
+
+    def use_rows(self, max_rows: int, max_model_len: int, rows_per_seq: int) -> None:
+        """Run steps of at most ``rows_per_seq`` rows per sequence as decode rows in static
+        buffers (engine/cuda_graphs.py), as the target's verify steps run."""
+        self.rows = DecodeInputs(max_rows, -(-max_model_len // self.block_size),
+                                 self.block_size, self.device)
+        self.max_rows_per_seq = rows_per_seq
+        self.max_model_len = max_model_len
+
+    def capture_graphs(self, sizes: list[int], hidden_template: torch.Tensor | None,
+                       pool: object | None) -> None:
+        """After ``use_rows``: a graph of the network's forward per row count in ``sizes``;
+        ``hidden_template``: a tensor shaped like the network's hidden input rows."""
+        assert self.rows is not None
+        if hidden_template is not None:
+            self._hidden_in = hidden_template.new_zeros(
+                (self.rows.max_seqs, hidden_template.shape[-1]))
+        self.graphs = CudaGraphRunner(self._rows_forward, self.rows, sizes, self.max_model_len,
+                                      new_rows_per_seq=self.max_rows_per_seq, name="draft")
+        self.graphs.capture(pool)
+
+    def _rows_forward(self, n: int, meta: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert self.rows is not None
+        hidden = self._hidden_in[:n] if self._hidden_in is not None else None
+        return self.network.forward(self.rows.input_ids(n), self.rows.positions(n), hidden)
+
+    def _run(self, starts: list[int], counts: list[int], tables: list[list[int]],
+             ids: list[int] | torch.Tensor, hidden: torch.Tensor | None,
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The network over ``counts[i]`` rows of sequence i from position ``starts[i]``,
+        over block table ``tables[i]``; ``ids`` (host or device) and ``hidden`` hold the
+        rows in that order, and so do the outputs (rows for the logits, carry)."""
+        n = sum(counts)
+        rows = self.rows
+        if rows is None or max(counts) > self.max_rows_per_seq or n > rows.max_seqs:
+            inputs = eager_inputs(None, starts, counts, tables, self.block_size, self.device)
+            if isinstance(ids, list):
+                ids = host_to_device(ids, torch.long, self.device)
+            with forward_context(inputs.meta):
+                return self.network.forward(ids, inputs.positions, hidden)
+        positions = [a + j for a, c in zip(starts, counts) for j in range(c)]
+        row_tables = [t for t, c in zip(tables, counts) for _ in range(c)]
+        padded = self.graphs.padded_size(n) if self.graphs is not None else None
+        lens = rows.prepare_rows(ids if isinstance(ids, list) else None, positions, row_tables,
+                                 padded or n)
+        if not isinstance(ids, list):
+            rows.input_ids(n).copy_(ids)
+        if hidden is not None:
+            if self._hidden_in is None:
+                self._hidden_in = hidden.new_zeros((rows.max_seqs, hidden.shape[-1]))
+            self._hidden_in[:n].copy_(hidden)
+        if padded is not None:
+            assert self.graphs is not None
+            out, carry = self.graphs.replay(padded)
+            return out[:n], carry[:n] if carry is not None else None
+        meta = rows.metadata(n, lens, self.max_model_len, max(counts))
+        with forward_context(meta):
+            return self._rows_forward(n, meta)
 
     @torch.inference_mode()
     def propose(self, rows: list[DraftRows],
@@ -73,31 +143,26 @@ class Drafter:
         if reads_hidden:
             assert hidden is not None
             hidden = hidden.index_select(0, host_to_device(hidden_rows, torch.long, self.device))
-        inputs = eager_inputs(None, starts, counts, [r.seq.block_table for r in rows],
-                              self.block_size, self.device)
-        qsl = inputs.meta.query_start_loc_cpu
-        with forward_context(inputs.meta):
-            out, carry = net.forward(host_to_device(ids, torch.long, self.device),
-                                     inputs.positions, hidden)
+        out, carry = self._run(starts, counts, [r.seq.block_table for r in rows], ids,
+                               hidden if reads_hidden else None)
         active = [i for i, r in enumerate(rows) if r.wanted > 0]
         if not active:
             return {}
-        last = host_to_device([qsl[i + 1] - 1 for i in active], torch.long, self.device)
+        ends = list(itertools.accumulate(counts))
+        last = host_to_device([ends[i] - 1 for i in active], torch.long, self.device)
         drafts = [net.compute_logits(out.index_select(0, last)).argmax(dim=-1)]
         carry = carry.index_select(0, last) if carry is not None else None
         positions = [starts[i] + counts[i] for i in active]
-        for j in range(1, max((rows[i].wanted for i in active), default=0)):
+        for j in range(1, max(rows[i].wanted for i in active)):
             keep = [n for n, i in enumerate(active) if rows[i].wanted > j]
             sel = host_to_device(keep, torch.long, self.device)
             step_ids = drafts[-1].index_select(0, sel)
             step_carry = carry.index_select(0, sel) if carry is not None else None
             active = [active[n] for n in keep]
             positions = [positions[n] for n in keep]
-            inputs = eager_inputs(None, positions, [1] * len(active),
-                                  [rows[i].seq.block_table for i in active], self.block_size,
-                                  self.device)
-            with forward_context(inputs.meta):
-                out, carry = net.forward(step_ids, inputs.positions, step_carry)
+            out, carry = self._run(positions, [1] * len(active),
+                                   [rows[i].seq.block_table for i in active], step_ids,
+                                   step_carry)
             drafts.append(net.compute_logits(out).argmax(dim=-1))
             positions = [p + 1 for p in positions]
         return self._collect(rows, drafts)

@@ -59,28 +59,34 @@ class DecodeInputs:
         ``padded`` rows; start the copies. Returns the context lengths (host).
         ``drafts``: draft tokens sequence i also computes (speculative verify), each a row
         of its own after the sequence's newest, over the same block table."""
-        if self._copied is not None:
-            self._copied.synchronize()
-        bs = self.block_size
-        ids, positions, slots, lens = [], [], [], []
-        tables, h_tables = self._rows, self._host_tables
-        r = 0
+        ids, positions, tables = [], [], []
         for i, s in enumerate(seqs):
             p = s.num_computed_tokens
-            table = s.block_table
             for tok in (s.token_ids[p],) if drafts is None else (s.token_ids[p], *drafts[i]):
                 ids.append(tok)
                 positions.append(p)
-                slots.append(table[p // bs] * bs + p % bs)
-                lens.append(p + 1)
-                if tables[r] != table:
-                    h_tables[r, : len(table)] = table
-                    tables[r] = list(table)
+                tables.append(s.block_table)
                 p += 1
-                r += 1
-        n = r
+        return self.prepare_rows(ids, positions, tables, padded)
+
+    def prepare_rows(self, ids: list[int] | None, positions: list[int],
+                     tables: list[list[int]], padded: int) -> list[int]:
+        """Fill one row per position (its token, position, block table; ``ids`` None:
+        zeros, for ids the caller copies in on the device) and pad up to ``padded`` rows;
+        start the copies. Returns the context lengths (host)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        bs = self.block_size
+        slots = [t[p // bs] * bs + p % bs for p, t in zip(positions, tables)]
+        lens = [p + 1 for p in positions]
+        held, h_tables = self._rows, self._host_tables
+        for r, table in enumerate(tables):
+            if held[r] != table:
+                h_tables[r, : len(table)] = table
+                held[r] = list(table)
+        n = len(positions)
         h = self._host
-        h[IDS, :n] = ids
+        h[IDS, :n] = ids if ids is not None else 0
         h[POSITIONS, :n] = positions
         h[SLOTS, :n] = slots
         h[SEQ_LENS, :n] = lens

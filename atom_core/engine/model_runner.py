@@ -99,10 +99,13 @@ class ModelRunner:
         sched = self.config.scheduler_config
         max_len = sched.max_model_len or 1
         # With speculation a verify step's drafts are decode rows too: k + 1 per sequence.
-        rows = sched.max_num_seqs * (1 + self.speculator.k if self.speculator else 1)
+        new_rows = 1 + self.speculator.k if self.speculator is not None else 1
+        rows = sched.max_num_seqs * new_rows
         self.decode_inputs = DecodeInputs(
             rows, -(-max_len // self.block_size), self.block_size, self.device
         )
+        if self.drafter is not None:
+            self.drafter.use_rows(rows, max_len, new_rows)
         pin = self.device.type == "cuda"
         # Two of each: with --async-scheduling step k+1 is queued before step k's ids are read.
         self._sampled_host = [torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin)
@@ -126,15 +129,14 @@ class ModelRunner:
             )
             return
         tracer = CaptureTracer(profiler_dir(obs.torch_profiler_dir) if obs.mark_trace else None)
-        spec = self.speculator
-        reads_hidden = self.drafter is not None and self.drafter.network.reads_target_hidden
         self.graphs = CudaGraphRunner(
-            self.model, self.decode_inputs, comp.cudagraph_capture_sizes, max_len, tracer,
-            new_rows_per_seq=1 + spec.k if spec is not None else 1,
-            hidden_out=self.drafter.network.target_hidden if reads_hidden else None,
+            self._graph_forward, self.decode_inputs, comp.cudagraph_capture_sizes, max_len,
+            tracer, new_rows,
         )
         self.graphs.capture()
-        if self.drafter is not None:
+        if self.drafter is not None and self.graphs.sizes:
+            template = self.graphs.outputs[self.graphs.sizes[-1]][1]
+            self.drafter.capture_graphs(comp.cudagraph_capture_sizes, template, self.graphs.pool)
             logger.info("a draft network reads every step's rows: steps with prompt tokens "
                         "run eagerly")
         elif all(getattr(a.backend, "step_graph_safe", False) for a in self.attention_layers):
@@ -357,9 +359,9 @@ class ModelRunner:
             padded = self.graphs.padded_size(n) if self.graphs is not None else None
             lens = inputs.prepare(seqs, padded or n, drafts)
             if padded is not None:
-                logits = self.graphs.replay(padded)[:n]
-                if padded in self.graphs.hidden:
-                    hidden = self.graphs.hidden[padded][:n]
+                logits, hidden = self.graphs.replay(padded)
+                logits = logits[:n]
+                hidden = hidden[:n] if hidden is not None else None
             else:
                 meta = inputs.metadata(n, lens, self.config.scheduler_config.max_model_len or 1,
                                        most)
@@ -388,6 +390,14 @@ class ModelRunner:
             starts = [s.num_computed_tokens for s in seqs]
             pending.drafts = self._draft(batch, starts, qsl, hidden, dict(enumerate(emitted)))
         return pending
+
+    def _graph_forward(self, n: int, meta: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What a decode graph computes over its n rows: every row's logits and, for a
+        draft network that reads them, its hidden input."""
+        inputs = self.decode_inputs
+        assert inputs is not None
+        hidden = self.model(inputs.input_ids(n), inputs.positions(n))
+        return self.model.compute_logits(hidden), self._draft_hidden(hidden)
 
     def _draft_hidden(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The draft network's hidden input for the target's output rows, where it reads
@@ -474,7 +484,7 @@ class ModelRunner:
         # while the batch is unchanged.
         sbatch = self._decode_sampling_batch(seqs)
         if padded is not None:
-            logits = self.graphs.replay(padded)[:n]
+            logits = self.graphs.replay(padded)[0][:n]
         else:
             meta = inputs.metadata(n, lens, self.config.scheduler_config.max_model_len or 1)
             with forward_context(meta):
