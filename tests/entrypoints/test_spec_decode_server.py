@@ -1,6 +1,7 @@
-"""The server with speculative decoding (--method ngram): several tokens per step reach
-the SSE stream byte for byte as the non-streamed response, n > 1 works, and
-/debug/mtp_stats, /metrics and `atom bench serve`'s reader report acceptance."""
+"""The server with speculative decoding (--method ngram, and draft_model with the target
+as its own draft): several tokens per step reach the SSE stream byte for byte as the
+non-streamed response, n > 1 works, and /debug/mtp_stats, /metrics and `atom bench
+serve`'s reader report acceptance."""
 
 from __future__ import annotations
 
@@ -21,12 +22,18 @@ pytestmark = pytest.mark.slow
 PROMPT = "one two three four five six seven " * 3
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def method_flags(method: str) -> tuple[str, ...]:
+    if method == "draft_model":
+        return ("--method", method, "--draft-model", str(tiny_model_dir("llama")))
+    return ("--method", method)
+
+
+@pytest.fixture(scope="module", params=["draft_model", "ngram"])
+def server(request, tmp_path_factory):
     logs = tmp_path_factory.mktemp("spec")
     srv = ServerProcess(
         tiny_model_dir("llama"), "--max-model-len", "512", "--served-model-name", "tiny",
-        "--method", "ngram", "--num-speculative-tokens", "3", log=logs / "server.log",
+        *method_flags(request.param), "--num-speculative-tokens", "3", log=logs / "server.log",
     ).wait_ready()
     yield srv
     srv.stop()
