@@ -7,6 +7,9 @@ itself has every draft accepted. Batch 1 runs the many-split (preloading) grid."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -53,3 +56,39 @@ def test_target_as_its_own_draft_on_gpu(batch):
     stats = spec.speculator.stats
     assert stats.total_draft_tokens > 20
     assert stats.total_accepted_tokens == stats.total_draft_tokens
+
+
+def dummy_dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """Config-only directories for dummy weights: a tiny DeepSeek-V3 with one MTP layer, a
+    tiny Llama, and an EAGLE-3 draft for it in the published layout."""
+    ds = json.loads((tiny_model_dir("deepseek_v3") / "config.json").read_text())
+    llama = json.loads((tiny_model_dir("llama") / "config.json").read_text())
+    eagle = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+             "draft_vocab_size": 128}
+    dirs = []
+    for name, config in (("mtp", {**ds, "num_nextn_predict_layers": 1}), ("llama", llama),
+                         ("eagle3", eagle)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        dirs.append(tmp_path / name)
+    return dirs[0], dirs[1], dirs[2]
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_hidden_state_drafts_on_gpu(method, batch, tmp_path):
+    """MTP and EAGLE-3 with dummy weights (target and draft): the draft network's graphs
+    read the target graphs' hidden output; output equals the plain engine's."""
+    mtp, llama, eagle = dummy_dirs(tmp_path)
+    target = mtp if method == "mtp" else llama
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in LENGTHS[:batch]]
+    kw = dict(KW, load_dummy="xavier")
+    plain = [o["token_ids"] for o in LLMEngine(str(target), **kw).generate(PROMPTS[:batch],
+                                                                            params)]
+    extra = {"draft_model": str(eagle)} if method == "eagle3" else {}
+    spec = LLMEngine(str(target), method=method, num_speculative_tokens=3, **kw, **extra)
+    assert spec.runner.graphs is not None and spec.speculator.drafter.graphs is not None
+    outs = [o["token_ids"] for o in spec.generate(PROMPTS[:batch], params)]
+    assert outs == plain
+    assert spec.speculator.stats.total_draft_tokens > 20
