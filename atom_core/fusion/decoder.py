@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from atom_core.fusion.sublayers import Parts, Projected
-from atom_core.layers.decoder import DecoderLayer, DecoderModel
+from atom_core.layers.decoder import DecoderLayer, DecoderModel, residual_stream
 from atom_core.layers.norm import RMSNorm
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 
@@ -86,10 +86,15 @@ class FusedDecoderModel(DecoderModel):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None
         layers = list(self.layers)
-        for layer, after in zip(layers, layers[1:] + [None]):
+        aux, kept = self.aux_hidden_layers, {}
+        for i, (layer, after) in enumerate(zip(layers, layers[1:] + [None])):
+            if aux and i in aux:
+                kept[i] = residual_stream(hidden_states, residual)
             # The last layer's output goes to the final norm, which is not deferred: the LM
             # head reads only the sampled rows, and cuBLAS at that.
             hidden_states, residual = layer(positions, hidden_states, residual, after)
+        if aux:
+            self.aux_hidden_states = [kept[i] for i in aux]
         if residual is None:  # no layers
             return self.norm(hidden_states)
         hidden_states, _ = self.norm(hidden_states, residual)

@@ -20,6 +20,7 @@ from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from atom_core.layers.model_api import load_hf_weights
 from atom_core.layers.norm import RMSNorm
+from atom_core.ops.deferred_norm import DeferredNorm
 
 
 class GatedMLP(nn.Module):
@@ -64,19 +65,42 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+def residual_stream(
+    hidden_states: torch.Tensor | DeferredNorm, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """The residual stream a layer receives as (hidden_states, residual): their sum, the
+    embedding before the first layer (residual None), or a ``DeferredNorm``'s ``summed``."""
+    if isinstance(hidden_states, DeferredNorm):
+        return hidden_states.summed
+    return hidden_states if residual is None else hidden_states + residual
+
+
 class DecoderModel(nn.Module):
-    """embed_tokens -> layers -> final norm."""
+    """embed_tokens -> layers -> final norm.
+
+    ``aux_hidden_layers``: layers whose input (the residual stream) ``forward`` keeps in
+    ``aux_hidden_states``, one tensor [T, hidden] per entry in its order, for a draft
+    network that reads them (EAGLE-3). Empty by default, and then nothing is kept. They
+    belong to the latest forward: under a CUDA graph, read them inside the same capture.
+    """
 
     def __init__(self, config: Any, layers: Iterable[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.aux_hidden_layers: tuple[int, ...] = ()
+        self.aux_hidden_states: list[torch.Tensor] = []
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux, kept = self.aux_hidden_layers, {}
+        for i, layer in enumerate(self.layers):
+            if aux and i in aux:
+                kept[i] = residual_stream(hidden_states, residual)
             hidden_states, residual = layer(positions, hidden_states, residual)
+        if aux:
+            self.aux_hidden_states = [kept[i] for i in aux]
         if residual is None:  # no layers
             return self.norm(hidden_states)
         hidden_states, _ = self.norm(hidden_states, residual)
