@@ -31,10 +31,10 @@ from atom_core.engine.drafter import Drafter
 from atom_core.engine.sequence import Sequence
 from atom_core.layers.sampler import Sampler, SamplingBatch
 from atom_core.layers.transfer import host_to_device
+from atom_core.ops import resolve_op
 from atom_core.plugins import get_registries
 from atom_core.spec_decode.forced import resolve_acceptance_length, sample_forced_accepts
 from atom_core.spec_decode.proposer import DraftNetwork, ProposerContext, TokenProposer
-from atom_core.spec_decode.rejection import rejection_sample
 from atom_core.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
@@ -153,7 +153,8 @@ def verify(
     draft_ids = host_to_device([t for d in drafts for t in d], torch.long, device)
     greedy = [s.sampling_params.greedy for s in seqs]
     if forced is None:
-        out = rejection_sample(probs, draft_ids, counts, None, greedy, generators)
+        out = resolve_op("rejection_sample", device)(probs, draft_ids, counts, None, greedy,
+                                                     generators)
         # One device-to-host copy: accepted count, then the emitted tokens (-1 padded).
         rows = torch.cat([out.num_accepted[:, None], out.token_ids], dim=1).tolist()
         return [row[1 : row[0] + 2] for row in rows], [row[0] for row in rows]

@@ -55,6 +55,65 @@ def _layout(num_draft_tokens: Sequence[int], width: int) -> tuple[list[list[int]
     return target_rows, draft_rows
 
 
+def check_inputs(
+    target_probs: Tensor,
+    draft_token_ids: Tensor,
+    num_draft_tokens: Sequence[int],
+    draft_probs: Tensor | None,
+    greedy: Sequence[bool] | None,
+    generators: Sequence[torch.Generator | None] | None,
+) -> tuple[list[bool], list[torch.Generator | None]]:
+    """Raise ValueError on inconsistent shapes; return ``greedy`` and ``generators`` with one
+    entry per sequence (``rejection_sample`` says what each argument holds)."""
+    num_seqs = len(num_draft_tokens)
+    num_drafts = sum(num_draft_tokens)
+    rows, vocab = target_probs.shape
+    if rows != num_drafts + num_seqs:
+        raise ValueError(f"target_probs has {rows} rows, expected {num_drafts + num_seqs}")
+    if draft_token_ids.shape != (num_drafts,):
+        raise ValueError(
+            f"draft_token_ids has shape {tuple(draft_token_ids.shape)}, expected ({num_drafts},)"
+        )
+    if draft_probs is not None and draft_probs.shape != (num_drafts, vocab):
+        raise ValueError(
+            f"draft_probs has shape {tuple(draft_probs.shape)}, expected ({num_drafts}, {vocab})"
+        )
+    greedy = list(greedy) if greedy is not None else [False] * num_seqs
+    generators = list(generators) if generators is not None else [None] * num_seqs
+    if len(greedy) != num_seqs or len(generators) != num_seqs:
+        raise ValueError("greedy and generators need one entry per sequence")
+    return greedy, generators
+
+
+def draw_random(
+    num_draft_tokens: Sequence[int],
+    greedy: Sequence[bool],
+    generators: Sequence[torch.Generator | None],
+    vocab: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor | None]:
+    """All the randomness of one verification: uniforms [S, K] fp32 for acceptance and
+    exponential noise [S, V] fp32 for the final token (None when every sequence is greedy).
+
+    Unseeded rows come from the global generator; a seeded sampled sequence then overwrites
+    its k_s uniforms and its noise row from its own generator, in sequence order. Every
+    implementation of the op draws through here, so a seeded request gets the same tokens
+    from each of them.
+    """
+    num_seqs = len(num_draft_tokens)
+    width = max(num_draft_tokens, default=0)
+    uniforms = torch.rand(num_seqs, width, device=device)
+    all_greedy = any(greedy) and all(greedy)
+    noise = None if all_greedy else torch.empty(num_seqs, vocab, device=device).exponential_()
+    for s, gen in enumerate(generators):
+        if gen is None or greedy[s]:
+            continue
+        ks = num_draft_tokens[s]
+        uniforms[s, :ks] = torch.rand(ks, device=device, generator=gen)
+        noise[s] = torch.empty(vocab, device=device).exponential_(generator=gen)
+    return uniforms, noise
+
+
 def rejection_sample(
     target_probs: Tensor,
     draft_token_ids: Tensor,
@@ -81,23 +140,12 @@ def rejection_sample(
     Returns:
         RejectionOutput with [S, K+1] tokens and logprobs, K = max(k_s).
     """
+    greedy, generators = check_inputs(
+        target_probs, draft_token_ids, num_draft_tokens, draft_probs, greedy, generators
+    )
     num_seqs = len(num_draft_tokens)
     num_drafts = sum(num_draft_tokens)
-    rows, vocab = target_probs.shape
-    if rows != num_drafts + num_seqs:
-        raise ValueError(f"target_probs has {rows} rows, expected {num_drafts + num_seqs}")
-    if draft_token_ids.shape != (num_drafts,):
-        raise ValueError(
-            f"draft_token_ids has shape {tuple(draft_token_ids.shape)}, expected ({num_drafts},)"
-        )
-    if draft_probs is not None and draft_probs.shape != (num_drafts, vocab):
-        raise ValueError(
-            f"draft_probs has shape {tuple(draft_probs.shape)}, expected ({num_drafts}, {vocab})"
-        )
-    greedy = list(greedy) if greedy is not None else [False] * num_seqs
-    generators = list(generators) if generators is not None else [None] * num_seqs
-    if len(greedy) != num_seqs or len(generators) != num_seqs:
-        raise ValueError("greedy and generators need one entry per sequence")
+    vocab = target_probs.shape[1]
     any_greedy = any(greedy)
     all_greedy = any_greedy and all(greedy)
     device = target_probs.device
@@ -115,16 +163,7 @@ def rejection_sample(
     drafts = draft_token_ids.long()[draft_rows] if num_drafts else draft_rows  # [S, K]
     draft_target_rows = target_rows[:, :width]
     target_argmax = target_probs.argmax(dim=-1) if any_greedy else None  # [N]
-
-    # Per-sequence draws: uniforms for acceptance, one exponential row for the final token.
-    uniforms = torch.rand(num_seqs, width, device=device)
-    noise = None if all_greedy else torch.empty(num_seqs, vocab, device=device).exponential_()
-    for s, gen in enumerate(generators):
-        if gen is None or greedy[s]:
-            continue
-        ks = num_draft_tokens[s]
-        uniforms[s, :ks] = torch.rand(ks, device=device, generator=gen)
-        noise[s] = torch.empty(vocab, device=device).exponential_(generator=gen)
+    uniforms, noise = draw_random(num_draft_tokens, greedy, generators, vocab, device)
 
     # Acceptance: u < p/q written as u * q < p, so q = 0 cannot divide and p = 0 rejects.
     p_draft = target_probs[draft_target_rows, drafts]

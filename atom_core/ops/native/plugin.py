@@ -10,6 +10,7 @@ from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm, rms_norm_lin
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
 from atom_core.ops.native.rotary import rotary_embedding
 from atom_core.ops.native.sampling import argmax
+from atom_core.spec_decode.rejection import rejection_sample
 
 NATIVE_OPS = {
     "rms_norm": rms_norm,
@@ -23,6 +24,7 @@ NATIVE_OPS = {
     "silu_and_mul_linear": silu_and_mul_linear,
     "rms_norm_linear": rms_norm_linear,
     "argmax": argmax,
+    "rejection_sample": rejection_sample,
 }
 
 

@@ -41,6 +41,7 @@ def triton_ops() -> dict[str, Any]:
     from atom_kernels_triton.moe_topk import route
     from atom_kernels_triton.norm import fused_add_rms_norm, rms_norm
     from atom_kernels_triton.qk_norm_rope import qk_norm_rope_cache_write
+    from atom_kernels_triton.rejection import rejection_sample
     from atom_kernels_triton.rotary import rotary_embedding
 
     return {
@@ -55,6 +56,7 @@ def triton_ops() -> dict[str, Any]:
         "silu_and_mul_linear": silu_and_mul_linear,
         "rms_norm_linear": rms_norm_linear,
         "argmax": argmax,
+        "rejection_sample": rejection_sample,
     }
 
 
