@@ -92,13 +92,17 @@ class Drafter:
 
     def _run(self, starts: list[int], counts: list[int], tables: list[list[int]],
              ids: list[int] | torch.Tensor, hidden: torch.Tensor | None,
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+             shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The network over ``counts[i]`` rows of sequence i from position ``starts[i]``,
         over block table ``tables[i]``; ``ids`` (host or device) and ``hidden`` hold the
-        rows in that order, and so do the outputs (rows for the logits, carry)."""
+        rows in that order, and so do the outputs (rows for the logits, carry).
+        ``shift`` (decode rows only): each row's position moves on by that much on the
+        device (``DecodeInputs.shift_rows``); the host's bounds allow for up to
+        ``max_rows_per_seq``."""
         n = sum(counts)
         rows = self.rows
         if rows is None or max(counts) > self.max_rows_per_seq or n > rows.max_seqs:
+            assert shift is None, "shifted rows run as decode rows"
             inputs = eager_inputs(None, starts, counts, tables, self.block_size, self.device)
             if isinstance(ids, list):
                 ids = host_to_device(ids, torch.long, self.device)
@@ -111,6 +115,8 @@ class Drafter:
                                  padded or n)
         if not isinstance(ids, list):
             rows.input_ids(n).copy_(ids)
+        if shift is not None:
+            rows.shift_rows(n, shift)
         if hidden is not None:
             if self._hidden_in is None:
                 self._hidden_in = hidden.new_zeros((rows.max_seqs, hidden.shape[-1]))
@@ -120,6 +126,8 @@ class Drafter:
             out, carry = self.graphs.replay(padded)
             return out[:n], carry[:n] if carry is not None else None
         meta = rows.metadata(n, lens, self.max_model_len, max(counts))
+        if shift is not None:  # the host's lengths are lower bounds now
+            meta.max_seq_len = min(meta.max_seq_len + self.max_rows_per_seq, self.max_model_len)
         with forward_context(meta):
             return self._rows_forward(n, meta)
 
@@ -165,17 +173,72 @@ class Drafter:
                                    step_carry)
             drafts.append(net.compute_logits(out).argmax(dim=-1))
             positions = [p + 1 for p in positions]
-        return self._collect(rows, drafts)
+        return self.collect([r.seq for r in rows], [r.wanted for r in rows], drafts,
+                            torch.cat(drafts).tolist())
+
+    @torch.inference_mode()
+    def propose_verified(
+        self, seqs: list[Sequence], counts: list[int], token_ids: torch.Tensor,
+        num_accepted: torch.Tensor, hidden: torch.Tensor | None, wanted: list[int],
+    ) -> list[torch.Tensor]:
+        """Drafts after a verify step that ran as decode rows, without reading its result
+        on the host: sequence i computed ``counts[i]`` rows from its ``num_computed_tokens``
+        and emitted ``token_ids[i]`` (-1 past its ``num_accepted[i] + 1`` tokens), both on
+        the device; ``hidden`` holds the network's input for those rows. The network runs
+        over every row (a rejected row's draft KV lies past the accepted ones and is
+        overwritten later), the first draft comes from each sequence's row of its last
+        emitted token, and the positions of the next steps move on by ``num_accepted`` on
+        the device. ``wanted[i]``: drafts for sequence i. Returns each step's argmaxes,
+        over the sequences wanting more than j drafts."""
+        net = self.network
+        device = self.device
+        width = token_ids.shape[1]
+        emitted = token_ids.clamp_min(0)
+        # A draft model also reads each sequence's newest token, the row before the emitted.
+        offset = 0 if net.reads_target_hidden else 1
+        if offset:
+            newest = host_to_device([s.token_ids[s.num_computed_tokens] for s in seqs],
+                                    torch.long, device)
+            emitted = torch.cat([newest[:, None], emitted], dim=1)
+            width += 1
+        run_counts = [c + offset for c in counts]
+        flat = [i * width + j for i, c in enumerate(run_counts) for j in range(c)]
+        ids = emitted.flatten().index_select(0, host_to_device(flat, torch.long, device))
+        starts = [s.num_computed_tokens for s in seqs]
+        tables = [s.block_table for s in seqs]
+        out, carry = self._run(starts, run_counts, tables, ids, hidden)
+        active = [i for i, w in enumerate(wanted) if w > 0]
+        if not active:
+            return []
+        firsts = [0, *itertools.accumulate(run_counts)]
+        at = host_to_device([[firsts[i] + offset for i in active], active], torch.long, device)
+        accepted = num_accepted.index_select(0, at[1])
+        last = at[0] + accepted
+        drafts = [net.compute_logits(out.index_select(0, last)).argmax(dim=-1)]
+        carry = carry.index_select(0, last) if carry is not None else None
+        for j in range(1, max(wanted[i] for i in active)):
+            keep = [n for n, i in enumerate(active) if wanted[i] > j]
+            sel = host_to_device(keep, torch.long, device)
+            step_ids = drafts[-1].index_select(0, sel)
+            step_carry = carry.index_select(0, sel) if carry is not None else None
+            accepted = accepted.index_select(0, sel)
+            active = [active[n] for n in keep]
+            out, carry = self._run([starts[i] + offset + j for i in active], [1] * len(active),
+                                   [tables[i] for i in active], step_ids, step_carry,
+                                   shift=accepted)
+            drafts.append(net.compute_logits(out).argmax(dim=-1))
+        return drafts
 
     @staticmethod
-    def _collect(rows: list[DraftRows], drafts: list[torch.Tensor]) -> dict[int, list[int]]:
-        """Step j's argmaxes are over the sequences wanting more than j drafts, in order."""
-        host = torch.cat(drafts).tolist() if drafts else []
+    def collect(seqs: list[Sequence], wanted: list[int], drafts: list[torch.Tensor],
+                host: list[int]) -> dict[int, list[int]]:
+        """Drafts by sequence id from ``host``, the step argmaxes ``drafts`` concatenated
+        and read: step j's are over the sequences wanting more than j, in order."""
         out: dict[int, list[int]] = {}
         at = 0
         for j in range(len(drafts)):
-            for r in rows:
-                if r.wanted > j:
-                    out.setdefault(r.seq.seq_id, []).append(host[at])
+            for seq, w in zip(seqs, wanted, strict=True):
+                if w > j:
+                    out.setdefault(seq.seq_id, []).append(host[at])
                     at += 1
         return out

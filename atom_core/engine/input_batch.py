@@ -97,6 +97,17 @@ class DecodeInputs:
             self._copied.record()
         return lens
 
+    def shift_rows(self, n: int, by: torch.Tensor) -> None:
+        """Move the first ``n`` rows (already copied) ``by`` [n] positions on, on the
+        device: their positions, context lengths and cache slots (from the block tables
+        copied with them). A draft step after a verify step sits past the accepted drafts,
+        which the host has not read."""
+        positions = self.dev[POSITIONS, :n] + by
+        self.dev[POSITIONS, :n] = positions
+        self.dev[SEQ_LENS, :n] = positions + 1
+        blocks = self.dev_tables[:n].gather(1, (positions // self.block_size)[:, None])
+        self.dev[SLOTS, :n] = blocks[:, 0].long() * self.block_size + positions % self.block_size
+
     def input_ids(self, n: int) -> torch.Tensor:
         return self.dev[IDS, :n]
 

@@ -18,7 +18,7 @@ from atom_core.engine.input_batch import DecodeInputs
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
-from atom_core.engine.spec_decode import Speculator, drafts_allowed, verify
+from atom_core.engine.spec_decode import Speculator, drafts_allowed, verify, verify_device
 from atom_core.engine.step_graphs import StepGraphs
 from atom_core.engine.step_inputs import EagerInputs, eager_inputs
 from atom_core.layers.context import forward_context
@@ -105,7 +105,9 @@ class ModelRunner:
             rows, -(-max_len // self.block_size), self.block_size, self.device
         )
         if self.drafter is not None:
-            self.drafter.use_rows(rows, max_len, new_rows)
+            # A draft model also reads each sequence's newest token: one row more.
+            per_seq = new_rows + (0 if self.drafter.network.reads_target_hidden else 1)
+            self.drafter.use_rows(sched.max_num_seqs * per_seq, max_len, per_seq)
         pin = self.device.type == "cuda"
         # Two of each: with --async-scheduling step k+1 is queued before step k's ids are read.
         self._sampled_host = [torch.empty(sched.max_num_seqs, dtype=torch.long, pin_memory=pin)
@@ -378,6 +380,8 @@ class ModelRunner:
                 out = self.model(host_to_device(ids, torch.long, self.device), rows.positions)
             logits, hidden = self.model.compute_logits(out), self._draft_hidden(out)
         assert self.speculator is not None
+        if self.drafter is not None and self.drafter.rows is not None:
+            return self._verify_and_draft(batch, counts, logits, hidden)
         emitted, accepted = verify(self.sampler, logits, seqs, drafts,
                                    [self._generator(s) for s in seqs], self.speculator.forced)
         nothing = torch.empty(0, dtype=torch.long)
@@ -389,6 +393,32 @@ class ModelRunner:
             qsl = [0, *itertools.accumulate(counts)]
             starts = [s.num_computed_tokens for s in seqs]
             pending.drafts = self._draft(batch, starts, qsl, hidden, dict(enumerate(emitted)))
+        return pending
+
+    def _verify_and_draft(self, batch: ScheduledBatch, counts: list[int],
+                          logits: torch.Tensor, hidden: torch.Tensor | None) -> PendingStep:
+        """Verify a step of decode rows and run the draft network after it, reading the
+        result on the host once, at the end (engine/drafter.py ``propose_verified``)."""
+        assert self.drafter is not None and self.speculator is not None
+        seqs, drafts = batch.seqs, batch.drafts
+        token_ids, num_accepted = verify_device(
+            self.sampler, logits, seqs, drafts, [self._generator(s) for s in seqs],
+            self.speculator.forced)
+        # As many drafts as each may take if every draft is accepted: the bound the
+        # lookahead slots and the context length allow whatever the host reads.
+        wanted = [self.speculator.draft_limit(s, 1 + len(d)) for s, d in zip(seqs, drafts)]
+        proposed = self.drafter.propose_verified(seqs, counts, token_ids, num_accepted, hidden,
+                                                 wanted)
+        num, width = token_ids.shape
+        host = torch.cat([num_accepted, token_ids.flatten(), *proposed]).tolist()
+        nothing = torch.empty(0, dtype=torch.long)
+        pending = PendingStep([], nothing, nothing, None, [])
+        for i, s in enumerate(seqs):
+            a = host[i]
+            pending.emitted[s.seq_id] = host[num + i * width : num + i * width + a + 1]
+            pending.accepted[s.seq_id] = a
+        pending.drafts = self.drafter.collect(seqs, wanted, proposed,
+                                              host[num + num * width :])
         return pending
 
     def _graph_forward(self, n: int, meta: object) -> tuple[torch.Tensor, torch.Tensor | None]:

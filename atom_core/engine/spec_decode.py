@@ -22,6 +22,7 @@ only; spec_decode/forced.py).
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -141,9 +142,21 @@ def verify(
     sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]],
     generators: list[torch.Generator | None], forced: tuple[float, int] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
-    """Emitted tokens and accepted drafts per sequence. ``logits`` [N, V]: sequence by
-    sequence, ``len(drafts[i]) + 1`` rows each (row j scores draft j; the last gives the
-    bonus). ``forced``: (acceptance length, --num-speculative-tokens)."""
+    """Emitted tokens and accepted drafts per sequence, read on the host (one copy); see
+    ``verify_device``."""
+    token_ids, num_accepted = verify_device(sampler, logits, seqs, drafts, generators, forced)
+    rows = torch.cat([num_accepted[:, None], token_ids], dim=1).tolist()
+    return [row[1 : row[0] + 2] for row in rows], [row[0] for row in rows]
+
+
+def verify_device(
+    sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]],
+    generators: list[torch.Generator | None], forced: tuple[float, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(emitted tokens [S, K+1], -1 past each sequence's; accepted drafts [S]), on the
+    device. ``logits`` [N, V]: sequence by sequence, ``len(drafts[i]) + 1`` rows each (row
+    j scores draft j; the last gives the bonus). ``forced``: (acceptance length,
+    --num-speculative-tokens)."""
     device = logits.device
     counts = [len(d) for d in drafts]
     rows = [s.sampling_params for s, k in zip(seqs, counts, strict=True) for _ in range(k + 1)]
@@ -155,21 +168,24 @@ def verify(
     if forced is None:
         out = resolve_op("rejection_sample", device)(probs, draft_ids, counts, None, greedy,
                                                      generators)
-        # One device-to-host copy: accepted count, then the emitted tokens (-1 padded).
-        rows = torch.cat([out.num_accepted[:, None], out.token_ids], dim=1).tolist()
-        return [row[1 : row[0] + 2] for row in rows], [row[0] for row in rows]
+        return out.token_ids, out.num_accepted
     # Forced: accept a scheduled number of drafts, then the target's own token at the
     # first unaccepted row (its argmax, or a draw for sampled sequences).
-    accepted = sample_forced_accepts(forced[0], forced[1], len(seqs)).tolist()
+    width = max(counts, default=0)
+    accepted = sample_forced_accepts(forced[0], forced[1], len(seqs)).to(device)
+    accepted = torch.minimum(accepted, host_to_device(counts, torch.long, device))
     noise = torch.empty_like(probs).exponential_()
     greedy_rows = host_to_device([g for g, k in zip(greedy, counts) for _ in range(k + 1)],
                                  torch.bool, device)
     scores = torch.where(greedy_rows[:, None], probs, probs / noise.clamp_min_(1e-30))
-    target = scores.argmax(dim=-1).tolist()
-    emitted: list[list[int]] = []
-    start = 0
-    for i, d in enumerate(drafts):
-        accepted[i] = a = min(accepted[i], len(d))
-        emitted.append(d[:a] + [target[start + a]])
-        start += len(d) + 1
-    return emitted, accepted
+    starts = host_to_device([0, *itertools.accumulate(k + 1 for k in counts)][:-1],
+                            torch.long, device)
+    target = scores.argmax(dim=-1).index_select(0, starts + accepted)
+    padded = torch.full((len(seqs), width + 1), -1, dtype=torch.long, device=device)
+    if width:
+        flat = [i * (width + 1) + j for i, k in enumerate(counts) for j in range(k)]
+        padded.view(-1).index_copy_(0, host_to_device(flat, torch.long, device), draft_ids)
+    pos = torch.arange(width + 1, device=device)
+    token_ids = torch.where(pos < accepted[:, None], padded, -1)
+    token_ids.scatter_(1, accepted[:, None], target[:, None])
+    return token_ids, accepted

@@ -63,8 +63,10 @@ def dummy_dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
     tiny Llama, and an EAGLE-3 draft for it in the published layout."""
     ds = json.loads((tiny_model_dir("deepseek_v3") / "config.json").read_text())
     llama = json.loads((tiny_model_dir("llama") / "config.json").read_text())
+    # Two target layers: the default aux layers (2, N // 2, N - 3) lie outside them.
     eagle = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
-             "draft_vocab_size": 128}
+             "draft_vocab_size": 128,
+             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 1]}}
     dirs = []
     for name, config in (("mtp", {**ds, "num_nextn_predict_layers": 1}), ("llama", llama),
                          ("eagle3", eagle)):
