@@ -92,17 +92,13 @@ class Drafter:
 
     def _run(self, starts: list[int], counts: list[int], tables: list[list[int]],
              ids: list[int] | torch.Tensor, hidden: torch.Tensor | None,
-             shift: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The network over ``counts[i]`` rows of sequence i from position ``starts[i]``,
         over block table ``tables[i]``; ``ids`` (host or device) and ``hidden`` hold the
-        rows in that order, and so do the outputs (rows for the logits, carry).
-        ``shift`` (decode rows only): each row's position moves on by that much on the
-        device (``DecodeInputs.shift_rows``); the host's bounds allow for up to
-        ``max_rows_per_seq``."""
+        rows in that order, and so do the outputs (rows for the logits, carry)."""
         n = sum(counts)
         rows = self.rows
         if rows is None or max(counts) > self.max_rows_per_seq or n > rows.max_seqs:
-            assert shift is None, "shifted rows run as decode rows"
             inputs = eager_inputs(None, starts, counts, tables, self.block_size, self.device)
             if isinstance(ids, list):
                 ids = host_to_device(ids, torch.long, self.device)
@@ -115,19 +111,24 @@ class Drafter:
                                  padded or n)
         if not isinstance(ids, list):
             rows.input_ids(n).copy_(ids)
-        if shift is not None:
-            rows.shift_rows(n, shift)
+        return self._forward_rows(n, padded, lens, max(counts), hidden)
+
+    def _forward_rows(self, n: int, padded: int | None, lens: list[int], per_seq: int,
+                      hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The network over the first ``n`` rows already in ``self.rows``: a graph replay
+        of size ``padded``, else eagerly (``lens``: the rows' context lengths or lower
+        bounds of them, with up to ``max_rows_per_seq`` more)."""
+        assert self.rows is not None
         if hidden is not None:
             if self._hidden_in is None:
-                self._hidden_in = hidden.new_zeros((rows.max_seqs, hidden.shape[-1]))
+                self._hidden_in = hidden.new_zeros((self.rows.max_seqs, hidden.shape[-1]))
             self._hidden_in[:n].copy_(hidden)
         if padded is not None:
             assert self.graphs is not None
             out, carry = self.graphs.replay(padded)
             return out[:n], carry[:n] if carry is not None else None
-        meta = rows.metadata(n, lens, self.max_model_len, max(counts))
-        if shift is not None:  # the host's lengths are lower bounds now
-            meta.max_seq_len = min(meta.max_seq_len + self.max_rows_per_seq, self.max_model_len)
+        meta = self.rows.metadata(n, lens, self.max_model_len, per_seq)
+        meta.max_seq_len = min(meta.max_seq_len + self.max_rows_per_seq, self.max_model_len)
         with forward_context(meta):
             return self._rows_forward(n, meta)
 
@@ -205,27 +206,37 @@ class Drafter:
         flat = [i * width + j for i, c in enumerate(run_counts) for j in range(c)]
         ids = emitted.flatten().index_select(0, host_to_device(flat, torch.long, device))
         starts = [s.num_computed_tokens for s in seqs]
-        tables = [s.block_table for s in seqs]
-        out, carry = self._run(starts, run_counts, tables, ids, hidden)
+        assert self.rows is not None and max(run_counts) <= self.max_rows_per_seq
+        out, carry = self._run(starts, run_counts, [s.block_table for s in seqs], ids, hidden)
         active = [i for i, w in enumerate(wanted) if w > 0]
         if not active:
             return []
         firsts = [0, *itertools.accumulate(run_counts)]
-        at = host_to_device([[firsts[i] + offset for i in active], active], torch.long, device)
+        at = host_to_device([[firsts[i] for i in active], active,
+                             [starts[i] + offset for i in active]], torch.long, device)
         accepted = num_accepted.index_select(0, at[1])
-        last = at[0] + accepted
+        last = at[0] + offset + accepted
         drafts = [net.compute_logits(out.index_select(0, last)).argmax(dim=-1)]
         carry = carry.index_select(0, last) if carry is not None else None
+        # The next steps' rows come from device tensors: each sequence's block table (its
+        # first row's, as the step above copied it) and its position past the accepted.
+        tables = self.rows.dev_tables.index_select(0, at[0])
+        positions = at[2] + accepted
         for j in range(1, max(wanted[i] for i in active)):
             keep = [n for n, i in enumerate(active) if wanted[i] > j]
-            sel = host_to_device(keep, torch.long, device)
-            step_ids = drafts[-1].index_select(0, sel)
-            step_carry = carry.index_select(0, sel) if carry is not None else None
-            accepted = accepted.index_select(0, sel)
-            active = [active[n] for n in keep]
-            out, carry = self._run([starts[i] + offset + j for i in active], [1] * len(active),
-                                   [tables[i] for i in active], step_ids, step_carry,
-                                   shift=accepted)
+            if len(keep) < len(active):
+                sel = host_to_device(keep, torch.long, device)
+                drafts_in = drafts[-1].index_select(0, sel)
+                carry = carry.index_select(0, sel) if carry is not None else None
+                tables, positions = tables.index_select(0, sel), positions.index_select(0, sel)
+                active = [active[n] for n in keep]
+            else:
+                drafts_in = drafts[-1]
+            n = len(active)
+            padded = self.graphs.padded_size(n) if self.graphs is not None else None
+            self.rows.load_rows(n, padded or n, drafts_in, positions + j, tables)
+            out, carry = self._forward_rows(n, padded, [starts[i] + offset + j + 1
+                                                        for i in active], 1, carry)
             drafts.append(net.compute_logits(out).argmax(dim=-1))
         return drafts
 

@@ -97,16 +97,20 @@ class DecodeInputs:
             self._copied.record()
         return lens
 
-    def shift_rows(self, n: int, by: torch.Tensor) -> None:
-        """Move the first ``n`` rows (already copied) ``by`` [n] positions on, on the
-        device: their positions, context lengths and cache slots (from the block tables
-        copied with them). A draft step after a verify step sits past the accepted drafts,
-        which the host has not read."""
-        positions = self.dev[POSITIONS, :n] + by
+    def load_rows(self, n: int, padded: int, ids: torch.Tensor, positions: torch.Tensor,
+                  tables: torch.Tensor) -> None:
+        """Fill the first ``n`` device rows from device tensors (ids, positions [n], block
+        tables [n, max_blocks]) and pad up to ``padded``, without the host buffers: the
+        host neither waits for their last copy nor knows the positions (a draft step after
+        a verify step sits past the accepted drafts, which the host has not read)."""
+        self.dev[IDS, :n] = ids
         self.dev[POSITIONS, :n] = positions
         self.dev[SEQ_LENS, :n] = positions + 1
-        blocks = self.dev_tables[:n].gather(1, (positions // self.block_size)[:, None])
+        self.dev_tables[:n] = tables
+        blocks = tables.gather(1, (positions // self.block_size)[:, None])
         self.dev[SLOTS, :n] = blocks[:, 0].long() * self.block_size + positions % self.block_size
+        self.dev[:, n:padded] = 0
+        self.dev[SLOTS, n:padded] = -1
 
     def input_ids(self, n: int) -> torch.Tensor:
         return self.dev[IDS, :n]

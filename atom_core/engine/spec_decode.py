@@ -172,7 +172,8 @@ def verify_device(
     # Forced: accept a scheduled number of drafts, then the target's own token at the
     # first unaccepted row (its argmax, or a draw for sampled sequences).
     width = max(counts, default=0)
-    accepted = sample_forced_accepts(forced[0], forced[1], len(seqs)).to(device)
+    accepted = host_to_device(sample_forced_accepts(forced[0], forced[1], len(seqs)).tolist(),
+                              torch.long, device)
     accepted = torch.minimum(accepted, host_to_device(counts, torch.long, device))
     noise = torch.empty_like(probs).exponential_()
     greedy_rows = host_to_device([g for g, k in zip(greedy, counts) for _ in range(k + 1)],

@@ -302,11 +302,17 @@ def plain() -> list[list[int]]:
     return [o["token_ids"] for o in engine.generate(PROMPTS, PARAMS)]
 
 
+@pytest.mark.parametrize("buffers", [False, True])
 @pytest.mark.parametrize("k", [1, 3])
-def test_greedy_output_equals_plain_and_drafts_equal_the_reference(k, induction_draft, hf,
-                                                                   plain):
+def test_greedy_output_equals_plain_and_drafts_equal_the_reference(k, buffers,
+                                                                   induction_draft, hf, plain):
+    """``buffers``: decode and verify steps as decode rows in the GPU path's static buffers
+    (eagerly here), the drafts picked and placed on the device after verification."""
     spec = LLMEngine(str(tiny_model_dir("llama")), method="eagle3",
                      draft_model=str(induction_draft.path), num_speculative_tokens=k, **ENGINE)
+    if buffers:
+        spec.runner.fast_decode = True
+        spec.runner._setup_fast_decode()
     proposed: list[tuple[list[int], list[int]]] = []  # (history, its drafts)
     take = spec.speculator.take
 
