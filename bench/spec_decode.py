@@ -61,6 +61,7 @@ from common import (  # noqa: E402
     config_path,
     copy_bandwidth,
     decoding,
+    event_seconds,
     free_memory,
     hf_model,
     kernel_table,
@@ -336,7 +337,36 @@ def profile_steps(engine: Any, batch: int, prompt_len: int, k: int) -> dict[str,
             "mode": "graph" if engine.runner.graphs is not None else "eager",
             "wall_ms_per_step": wall * 1e3, "gpu_kernel_ms_per_step": total / 1e3,
             "tokens_per_forward": counts.get("tokens_per_forward") or 1.0,
-            "ranges": range_table(events, PROFILE_STEPS), "kernels": kernels}
+            "ranges": range_table(events, PROFILE_STEPS), "kernels": kernels,
+            "phases_ms": phase_split(engine, batch, k)}
+
+
+def phase_split(engine: Any, batch: int, k: int) -> dict[str, float] | None:
+    """GPU time of a speculative step's graphed parts, each replayed alone over the rows
+    the last step left in its static buffers (cache writes switched off: slot -1): the
+    target over the verify rows (and over one row per sequence, a plain decode step), the
+    draft network over the verify rows (its first step) and over one row per sequence
+    (each of the k - 1 others). None without graphs."""
+    from atom_core.engine.input_batch import SLOTS
+
+    runner, spec = engine.runner, engine.speculator
+    drafter = spec.drafter if spec is not None else None
+    if runner.graphs is None or not k:
+        return None
+    parts = [("verify forward", runner.graphs, batch * (k + 1)),
+             ("plain decode forward", runner.graphs, batch)]
+    if drafter is not None and drafter.graphs is not None:
+        first = batch * (k + 1 + (0 if drafter.network.reads_target_hidden else 1))
+        parts += [("draft first step", drafter.graphs, first),
+                  ("draft next step", drafter.graphs, batch)]
+    out = {}
+    for name, graphs, rows in parts:
+        padded = graphs.padded_size(rows)
+        if padded is None:
+            continue
+        graphs.inputs.dev[SLOTS].fill_(-1)
+        out[name] = event_seconds(lambda g=graphs, p=padded: g.replay(p)) * 1e3
+    return out
 
 
 def bench_plain(models: Models, cfg: dict[str, Any], args: argparse.Namespace,
@@ -393,7 +423,10 @@ def bench_spec(models: Models, k: int, cfg: dict[str, Any], args: argparse.Names
             judged = verdicts([row])
             if judged and (args.profile == "all"
                            or (args.profile == "missed" and not all(v["met"] for v in judged))):
-                profiles.append(profile_steps(engine, bs, args.prompt_len, k))
+                prof = profile_steps(engine, bs, args.prompt_len, k)
+                # The step's time unprofiled: what the phase split is set against.
+                prof["step_ms"] = run["tpot_ms"] * (run["tokens_per_forward"] or 1.0)
+                profiles.append(prof)
     return {"rows": rows, "profiles": profiles}
 
 
@@ -498,6 +531,15 @@ def print_profile(prof: dict[str, Any], plain: dict[str, Any] | None) -> None:
     for r in prof["ranges"][:6]:
         print(f"  range {r['range']}: x{r['calls_per_step']:.1f}, host "
               f"{r['host_us_per_step']:.1f} us, device {r['device_us_per_step']:.1f} us")
+    phases = prof.get("phases_ms")
+    if phases:
+        gpu = phases.get("verify forward", 0.0) + phases.get("draft first step", 0.0) + (
+            prof["k"] - 1) * phases.get("draft next step", 0.0)
+        print("  GPU time of the graphed parts, each replayed alone: " + ", ".join(
+            f"{name} {ms:.3f} ms" for name, ms in phases.items()))
+        step = prof.get("step_ms", prof["wall_ms_per_step"])
+        print(f"  verify + draft steps {gpu:.3f} ms of a {step:.3f} ms step (unprofiled); the "
+              f"rest (sampling, verification, host gaps) {step - gpu:.3f} ms")
     print_kernels(prof["kernels"])
     if plain is not None and prof["k"]:
         print("  over a plain step:")
