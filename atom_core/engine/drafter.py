@@ -159,21 +159,12 @@ class Drafter:
             return {}
         ends = list(itertools.accumulate(counts))
         last = host_to_device([ends[i] - 1 for i in active], torch.long, self.device)
-        drafts = [net.compute_logits(out.index_select(0, last)).argmax(dim=-1)]
+        first = net.compute_logits(out.index_select(0, last)).argmax(dim=-1)
         carry = carry.index_select(0, last) if carry is not None else None
-        positions = [starts[i] + counts[i] for i in active]
-        for j in range(1, max(rows[i].wanted for i in active)):
-            keep = [n for n, i in enumerate(active) if rows[i].wanted > j]
-            sel = host_to_device(keep, torch.long, self.device)
-            step_ids = drafts[-1].index_select(0, sel)
-            step_carry = carry.index_select(0, sel) if carry is not None else None
-            active = [active[n] for n in keep]
-            positions = [positions[n] for n in keep]
-            out, carry = self._run(positions, [1] * len(active),
-                                   [rows[i].seq.block_table for i in active], step_ids,
-                                   step_carry)
-            drafts.append(net.compute_logits(out).argmax(dim=-1))
-            positions = [p + 1 for p in positions]
+        nexts = [starts[i] + counts[i] for i in active]
+        drafts = self._extend(first, carry, [rows[i].seq for i in active],
+                              [rows[i].wanted for i in active],
+                              host_to_device(nexts, torch.long, self.device), nexts)
         return self.collect([r.seq for r in rows], [r.wanted for r in rows], drafts,
                             torch.cat(drafts).tolist())
 
@@ -216,28 +207,42 @@ class Drafter:
                              [starts[i] + offset for i in active]], torch.long, device)
         accepted = num_accepted.index_select(0, at[1])
         last = at[0] + offset + accepted
-        drafts = [net.compute_logits(out.index_select(0, last)).argmax(dim=-1)]
+        first = net.compute_logits(out.index_select(0, last)).argmax(dim=-1)
         carry = carry.index_select(0, last) if carry is not None else None
-        # The next steps' rows come from device tensors: each sequence's block table (its
-        # first row's, as the step above copied it) and its position past the accepted.
-        tables = self.rows.dev_tables.index_select(0, at[0])
-        positions = at[2] + accepted
-        for j in range(1, max(wanted[i] for i in active)):
-            keep = [n for n, i in enumerate(active) if wanted[i] > j]
-            if len(keep) < len(active):
-                sel = host_to_device(keep, torch.long, device)
-                drafts_in = drafts[-1].index_select(0, sel)
+        # Past the accepted drafts: known on the device only; the host's are lower bounds.
+        nexts = [starts[i] + offset + 1 for i in active]
+        return self._extend(first, carry, [seqs[i] for i in active], [wanted[i] for i in active],
+                            at[2] + 1 + accepted, nexts)
+
+    def _extend(self, first: torch.Tensor, carry: torch.Tensor | None, seqs: list[Sequence],
+                wanted: list[int], positions: torch.Tensor, lower: list[int],
+                ) -> list[torch.Tensor]:
+        """After the first drafts ``first`` (one per sequence of ``seqs``, with the hidden
+        state each step reads next, ``carry``): single-token steps while a sequence wants
+        more, sequence i at device position ``positions[i]`` (at least ``lower[i]``) and
+        on. Their rows are written on the device (``DecodeInputs.load_rows``): the host
+        neither waits for the rows' last copy nor needs the positions. Returns every
+        step's argmaxes, over the sequences wanting more than j drafts."""
+        assert self.rows is not None
+        drafts = [first]
+        width = self.rows.dev_tables.shape[1]
+        tables = host_to_device([s.block_table + [-1] * (width - len(s.block_table))
+                                 for s in seqs], torch.int32, self.device)
+        for j in range(1, max(wanted)):
+            keep = [n for n, w in enumerate(wanted) if w > j]
+            ids = drafts[-1]
+            if len(keep) < len(wanted):
+                sel = host_to_device(keep, torch.long, self.device)
+                ids, tables, positions = (t.index_select(0, sel) for t in (ids, tables,
+                                                                           positions))
                 carry = carry.index_select(0, sel) if carry is not None else None
-                tables, positions = tables.index_select(0, sel), positions.index_select(0, sel)
-                active = [active[n] for n in keep]
-            else:
-                drafts_in = drafts[-1]
-            n = len(active)
+                wanted, lower = [wanted[n] for n in keep], [lower[n] for n in keep]
+            n = len(wanted)
             padded = self.graphs.padded_size(n) if self.graphs is not None else None
-            self.rows.load_rows(n, padded or n, drafts_in, positions + j, tables)
-            out, carry = self._forward_rows(n, padded, [starts[i] + offset + j + 1
-                                                        for i in active], 1, carry)
-            drafts.append(net.compute_logits(out).argmax(dim=-1))
+            self.rows.load_rows(n, padded or n, ids, positions, tables)
+            out, carry = self._forward_rows(n, padded, [p + 1 for p in lower], 1, carry)
+            drafts.append(self.network.compute_logits(out).argmax(dim=-1))
+            positions, lower = positions + 1, [p + 1 for p in lower]
         return drafts
 
     @staticmethod

@@ -13,13 +13,14 @@ import torch
 
 from atom_core.config import Config
 from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.model_runner import ModelRunner, PendingStep, StepOutput
+from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
 from atom_core.engine.profiler import TorchProfiler, profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, RequestTimings, Sequence
 from atom_core.engine.spec_decode import Speculator
 from atom_core.engine.stats import StatsLogger
+from atom_core.engine.step_results import PendingStep, StepOutput
 from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.loader import load_model
