@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
 from atom_core.errors import ConfigError
+from atom_core.loader.fp8_blocks import dequantized, fp8_block_size
 
 # The generation_config.json fields the engine uses as request defaults.
 GENERATION_KEYS = (
@@ -48,11 +50,29 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped)."""
+    """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped); a
+    block-FP8 checkpoint's quantized weights dequantized (loader/fp8_blocks.py)."""
+    block = fp8_block_size(SimpleNamespace(quantization_config=_quantization_config(path)))
+    tensors = _iter_files(path)
+    yield from dequantized(tensors, block) if block is not None else tensors
+
+
+def _iter_files(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def _quantization_config(path: Path) -> dict[str, Any] | None:
+    """config.json's ``quantization_config``, if the directory has one."""
+    config = path / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("quantization_config")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {config}: {exc}") from exc
 
 
 def generation_defaults(path: Path | None, hf_config: PretrainedConfig) -> dict[str, Any]:
