@@ -50,4 +50,10 @@ def load_draft_model(ctx: ProposerContext) -> CausalLMDraft:
     if ours != theirs:
         raise ConfigError(f"--draft-model {path} has a vocabulary of {ours} tokens, the target "
                           f"{theirs}: a draft model must share the target's vocabulary")
+    # It runs at every position the target does.
+    positions = getattr(loaded.hf_config, "max_position_embeddings", None)
+    needed = ctx.config.scheduler_config.max_model_len
+    if positions is not None and needed is not None and positions < needed:
+        raise ConfigError(f"--draft-model {path} handles {positions} positions, fewer than "
+                          f"--max-model-len {needed}; lower --max-model-len")
     return CausalLMDraft(loaded.model)

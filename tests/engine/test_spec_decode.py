@@ -8,6 +8,9 @@ at start."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from atom_core.config import ConfigError
@@ -188,6 +191,8 @@ def test_seeded_sampling_reproduces():
     ({"method": "draft_model", "draft_model": "/nonexistent"}, "does not exist"),
     ({"method": "draft_model", "draft_model": str(embedded_model_path())},
      "vocabulary of 49152 tokens, the target 272"),
+    ({"method": "draft_model", "draft_model": "short-draft"}, "handles 64 positions, fewer "
+     "than --max-model-len 512"),
     ({"spec_decode_acceptance_length": 2.0}, "need --method"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "--num-speculative-tokens must be >= 1"),
     ({"method": "ngram", "num_speculative_tokens": 3, "spec_decode_acceptance_length": 5.0},
@@ -195,6 +200,12 @@ def test_seeded_sampling_reproduces():
     ({"method": "ngram", "spec_decode_acceptance_length": 1.5,
       "spec_decode_acceptance_rate": 0.5}, "mutually exclusive"),
 ])
-def test_bad_speculative_flags_fail_at_start(kw, message):
+def test_bad_speculative_flags_fail_at_start(kw, message, tmp_path):
+    if kw.get("draft_model") == "short-draft":  # the target's config with fewer positions
+        short = tmp_path / "short"
+        shutil.copytree(tiny_model_dir(TARGET), short)
+        config = json.loads((short / "config.json").read_text())
+        (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+        kw = {**kw, "draft_model": str(short)}
     with pytest.raises(ConfigError, match=message):
         LLMEngine(str(tiny_model_dir("qwen3")), device="cpu", **kw)
