@@ -76,7 +76,8 @@ def test_load_dummy_forms(argv, mode):
         (["--kv_cache_dtype", "fp8"], "fp8 is not supported yet"),
         (["-tp", "2"], "--tensor-parallel-size > 1 is not supported yet"),
         (["--data-parallel-size", "2"], "--data-parallel-size > 1"),
-        (["--method", "mtp"], "unknown --method .mtp.; registered: ngram"),
+        (["--method", "nope"], "unknown --method .nope.; registered: draft_model, eagle3, mtp, "
+                               "ngram"),
         (["--trust-remote-code"], "--trust-remote-code is not supported"),
         (["--block-size", "12"], "power of two"),
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
