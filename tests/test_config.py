@@ -73,7 +73,6 @@ def test_load_dummy_forms(argv, mode):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--kv_cache_dtype", "fp8"], "fp8 is not supported yet"),
         (["-tp", "2"], "--tensor-parallel-size > 1 is not supported yet"),
         (["--data-parallel-size", "2"], "--data-parallel-size > 1"),
         (["--method", "nope"], "unknown --method .nope.; registered: draft_model, eagle3, mtp, "

@@ -20,10 +20,12 @@ from atom_core.engine.spec_steps import SpeculativeSteps
 from atom_core.engine.step_graphs import StepGraphs
 from atom_core.engine.step_inputs import eager_inputs
 from atom_core.engine.step_results import PendingStep, StepOutput
+from atom_core.errors import ConfigError
 from atom_core.layers.context import forward_context
 from atom_core.layers.sampler import Sampler, SamplerOutput, SamplingBatch, prompt_logprobs
 from atom_core.layers.transfer import host_to_device
 from atom_core.loader import LoadedModel
+from atom_core.ops.native.kv_cache import FP8_KV_DTYPE
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class ModelRunner(SpeculativeSteps):
         self.drafter = speculator.drafter if speculator is not None else None
         self.kv_layers = self.attention_layers + (
             self.drafter.attention_layers() if self.drafter is not None else [])
+        self.kv_dtype = self._kv_dtype()
         self.num_blocks = self._plan_kv_blocks()
         self._allocate_kv_cache(self.num_blocks)
         if self.drafter is not None and speculator is not None:
@@ -143,11 +146,23 @@ class ModelRunner(SpeculativeSteps):
 
     # --- KV cache -----------------------------------------------------------------------
 
+    def _kv_dtype(self) -> torch.dtype:
+        """The cache's dtype: the model's, or e4m3 for ``--kv_cache_dtype fp8`` where every
+        attention backend stores it."""
+        if self.config.cache_config.kv_cache_dtype != "fp8":
+            return self.dtype
+        lacking = sorted({a.backend_name for a in self.kv_layers
+                          if not getattr(a.backend, "fp8_kv_cache", False)})
+        if lacking:
+            raise ConfigError(f"--kv_cache_dtype fp8: the {', '.join(lacking)} attention "
+                              "backend has no fp8 KV cache yet; use --kv_cache_dtype bf16")
+        return FP8_KV_DTYPE
+
     def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:
         return layer.kv_cache_shape(num_blocks, self.block_size)
 
     def _bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
         total = 0
         for layer in self.kv_layers:
             n = 1
@@ -200,8 +215,8 @@ class ModelRunner(SpeculativeSteps):
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
         for layer in self.kv_layers:
-            layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks), dtype=self.dtype,
-                                         device=self.device)
+            layer.kv_cache = torch.empty(self._kv_shape(layer, num_blocks),
+                                         dtype=self.kv_dtype, device=self.device)
 
     # --- the step -----------------------------------------------------------------------
 

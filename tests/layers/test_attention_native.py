@@ -98,3 +98,45 @@ def test_padding_slots_are_not_written():
     snapshot = flat.clone()
     NativeAttentionBackend.write_cache(k, v, kv_cache, torch.full((4,), -1))
     assert torch.equal(flat[:, 1:], snapshot[:, 1:])
+
+
+@pytest.mark.parametrize("batch", [MIXED, DECODES, PREFILLS], ids=["mixed", "decode", "prefill"])
+def test_fp8_cache_attends_over_what_it_stored(batch):
+    """``--kv_cache_dtype fp8``: K/V stored as e4m3 (saturated), and every read of the cache
+    (decodes, chunks after a cached prefix) attends over those values; a prompt computed in
+    one step attends over its own K/V as computed."""
+    heads, kv_heads, head_dim, block_size, scale = 8, 2, 16, 4, 16**-0.5
+    g = torch.Generator().manual_seed(7)
+    backend = NativeAttentionBackend(heads, head_dim, kv_heads, scale)
+    kv = PagedKV(num_blocks=48, block_size=block_size, seed=3)
+    shape = backend.kv_cache_shape(kv.num_blocks, block_size, kv_heads, head_dim)
+    cache = torch.zeros(shape, dtype=torch.float8_e4m3fn)
+    ids = [kv.add_sequence() for _ in batch]
+    # Some values past e4m3's range (448): stored saturated, not as NaN.
+    full_k = [torch.randn(p + n, kv_heads, head_dim, generator=g) * 200 for p, n in batch]
+    full_v = [torch.randn(p + n, kv_heads, head_dim, generator=g) for p, n in batch]
+    cached = [(sid, p) for sid, (p, _) in zip(ids, batch) if p]
+    if cached:
+        meta, _ = kv.step([s for s, _ in cached], [p for _, p in cached])
+        NativeAttentionBackend.write_cache(torch.cat([full_k[s][:p] for s, p in cached]),
+                                           torch.cat([full_v[s][:p] for s, p in cached]),
+                                           cache, meta.slot_mapping)
+    meta, _ = kv.step(ids, [n for _, n in batch])
+    q = [torch.randn(n, heads, head_dim, generator=g) / 50 for _, n in batch]
+    k_new = torch.cat([k[p:] for k, (p, _) in zip(full_k, batch)])
+    v_new = torch.cat([v[p:] for v, (p, _) in zip(full_v, batch)])
+    out = backend.forward(torch.cat(q).flatten(1), k_new.flatten(1), v_new.flatten(1), cache,
+                          meta)
+
+    def stored(x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+
+    assert torch.isfinite(cache.float()).all()
+    for i, (rows, (p, n)) in enumerate(zip(out.split([n for _, n in batch]), batch)):
+        whole_prompt = p == 0 and n > 1
+        k, v = (full_k[i], full_v[i]) if whole_prompt else (stored(full_k[i]), stored(full_v[i]))
+        ref = dense_reference(q[i], k, v, scale)
+        torch.testing.assert_close(rows.view_as(q[i]).double(), ref, atol=1e-5, rtol=1e-5)
+        for pos in range(kv.lens[ids[i]]):
+            block = kv.tables[ids[i]][pos // block_size]
+            assert torch.equal(cache[0, block, pos % block_size].float(), stored(full_k[i][pos]))

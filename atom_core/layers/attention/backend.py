@@ -53,12 +53,14 @@ class AttentionBackend(ABC):
     decode steps replay it. ``step_graph_safe``: so does any batch (prompts, chunks and
     decodes mixed) given metadata whose host-side facts were fixed at capture and whose
     ``decode_seqs``/``prefill_seqs`` say on the device which sequences are which
-    (engine/step_graphs.py).
+    (engine/step_graphs.py). ``fp8_kv_cache``: the cache may be float8_e4m3fn
+    (``--kv_cache_dtype fp8``): values stored saturated, read back as they are (scale one).
     """
 
     accepts_written_cache: bool = False
     cuda_graph_safe: bool = False
     step_graph_safe: bool = False
+    fp8_kv_cache: bool = False  # reads and writes a float8_e4m3fn cache (scale one)
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads

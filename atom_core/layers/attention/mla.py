@@ -31,7 +31,10 @@ class MLABackend(ABC):
     """One layer's latent attention over a ``[num_blocks, block_size, kv_lora_rank +
     qk_rope_head_dim]`` cache. ``forward`` writes the new tokens' latents at
     ``meta.slot_mapping`` and returns each new query's attention over its sequence's whole
-    context (causal within the sequence), as ``[T, num_heads * v_head_dim]``."""
+    context (causal within the sequence), as ``[T, num_heads * v_head_dim]``.
+    ``fp8_kv_cache``: as ``AttentionBackend``'s."""
+
+    fp8_kv_cache: bool = False
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.attention.mla import MLABackend
 from atom_core.layers.transfer import host_to_device
+from atom_core.ops.native.kv_cache import store_rows
 
 
 class NativeMLABackend(MLABackend):
@@ -25,6 +26,8 @@ class NativeMLABackend(MLABackend):
     allocated with ``torch.empty``: unwritten slots are never read unmasked, and masked
     ones are zeroed in the gathered copy, so stale NaN/inf cannot leak through.
     """
+
+    fp8_kv_cache = True
 
     def forward(
         self,
@@ -70,16 +73,8 @@ class NativeMLABackend(MLABackend):
         kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
         """Store the new tokens' ``[kv_c | k_pe]`` at their slots, in place."""
-        flat = kv_cache.view(-1, kv_cache.shape[-1])
-        latent = torch.cat((kv_c, k_pe), dim=-1)
-        if slot_mapping.device.type != "cpu" or bool((slot_mapping < 0).any()):
-            # Padding tokens (slot -1) repeat the first real token's write: duplicate writes
-            # of identical values, so nothing is clobbered and the GPU needs no host sync.
-            valid = slot_mapping >= 0
-            first = valid.int().argmax()
-            src = torch.where(valid, torch.arange(len(slot_mapping), device=latent.device), first)
-            slot_mapping, latent = slot_mapping[src].clamp(min=0), latent[src]
-        flat.index_copy_(0, slot_mapping, latent.to(kv_cache.dtype))
+        store_rows(kv_cache.view(-1, kv_cache.shape[-1]), slot_mapping,
+                   torch.cat((kv_c, k_pe), dim=-1))
 
     @staticmethod
     def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:

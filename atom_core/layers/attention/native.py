@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from atom_core.layers.attention.backend import AttentionBackend
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.transfer import host_to_device
-from atom_core.ops.native.kv_cache import write_kv_cache
+from atom_core.ops.native.kv_cache import FP8_KV_DTYPE, write_kv_cache
 
 
 class NativeAttentionBackend(AttentionBackend):
@@ -26,6 +26,7 @@ class NativeAttentionBackend(AttentionBackend):
     """
 
     accepts_written_cache = True
+    fp8_kv_cache = True
 
     def forward(
         self,
@@ -90,6 +91,8 @@ class NativeAttentionBackend(AttentionBackend):
         # index_select copies whole blocks at memcpy speed (advanced indexing is ~3x slower).
         k = kv_cache[0].index_select(0, blocks.flatten()).view(shape)
         v = kv_cache[1].index_select(0, blocks.flatten()).view(shape)
+        if kv_cache.dtype == FP8_KV_DTYPE:  # read as fp32: scale one, masked in place later
+            k, v = k.float(), v.float()
         return k[..., :length, :, :], v[..., :length, :, :]
 
     def _decode(
