@@ -14,8 +14,9 @@ past them and the next step overwrites it.
 
 Drafts go only to sequences whose sampling needs no token history or per-token host reads
 (no logprobs, no penalties): their verify rows are plain distributions. Steps with drafts
-run one at a time (the next step's drafts depend on this step's tokens) and eagerly; with a
-draft network every step does (the network reads each step's rows).
+run one at a time (the next step's drafts depend on this step's tokens). A step where every
+sequence decodes runs each draft as a decode row of its own (from the decode CUDA graphs on
+a GPU: engine/spec_steps.py); one that also holds prompt tokens runs eagerly.
 ``--spec-decode-acceptance-length``/``-rate`` force the number accepted instead (benchmarks
 only; spec_decode/forced.py).
 """
