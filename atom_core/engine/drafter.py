@@ -225,9 +225,11 @@ class Drafter:
         step's argmaxes, over the sequences wanting more than j drafts."""
         assert self.rows is not None
         drafts = [first]
-        width = self.rows.dev_tables.shape[1]
-        tables = host_to_device([s.block_table + [-1] * (width - len(s.block_table))
-                                 for s in seqs], torch.int32, self.device)
+        # Only the columns the tables fill cross over: a row is as wide as --max-model-len.
+        used = max(len(s.block_table) for s in seqs)
+        tables = self.rows.dev_tables.new_full((len(seqs), self.rows.dev_tables.shape[1]), -1)
+        tables[:, :used] = host_to_device([s.block_table + [-1] * (used - len(s.block_table))
+                                           for s in seqs], torch.int32, self.device)
         for j in range(1, max(wanted)):
             keep = [n for n, w in enumerate(wanted) if w > j]
             ids = drafts[-1]

@@ -70,6 +70,7 @@ class ModelRunner(SpeculativeSteps):
         self.graphs: CudaGraphRunner | None = None
         self.steps: StepGraphs | None = None
         self._sampling_cache: tuple[tuple[int, ...], SamplingBatch] | None = None
+        self._verify_cache: tuple[tuple[tuple[int, int], ...], SamplingBatch] | None = None
         if self.fast_decode:
             self._setup_fast_decode()
 

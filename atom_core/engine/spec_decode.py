@@ -139,13 +139,25 @@ class Speculator:
         return drafts
 
 
+def verify_sampling_batch(seqs: list[Sequence], counts: list[int],
+                          device: torch.device) -> SamplingBatch:
+    """The sampling fields of a verify step's rows: sequence i's ``counts[i]`` rows (its
+    drafts, then the bonus) all sample as it does. It holds no token history (drafted
+    sequences have no penalties), so a runner may reuse it while the rows stay the same."""
+    rows = [s.sampling_params for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
+    return SamplingBatch.build(rows, [[]] * len(rows), [[]] * len(rows), [None] * len(rows),
+                               device)
+
+
 def verify(
     sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]],
     generators: list[torch.Generator | None], forced: tuple[float, int] | None = None,
+    sbatch: SamplingBatch | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     """Emitted tokens and accepted drafts per sequence, read on the host (one copy); see
     ``verify_device``."""
-    token_ids, num_accepted = verify_device(sampler, logits, seqs, drafts, generators, forced)
+    token_ids, num_accepted = verify_device(sampler, logits, seqs, drafts, generators, forced,
+                                            sbatch)
     rows = torch.cat([num_accepted[:, None], token_ids], dim=1).tolist()
     return [row[1 : row[0] + 2] for row in rows], [row[0] for row in rows]
 
@@ -153,16 +165,17 @@ def verify(
 def verify_device(
     sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]],
     generators: list[torch.Generator | None], forced: tuple[float, int] | None = None,
+    sbatch: SamplingBatch | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(emitted tokens [S, K+1], -1 past each sequence's; accepted drafts [S]), on the
     device. ``logits`` [N, V]: sequence by sequence, ``len(drafts[i]) + 1`` rows each (row
     j scores draft j; the last gives the bonus). ``forced``: (acceptance length,
-    --num-speculative-tokens)."""
+    --num-speculative-tokens). ``sbatch``: ``verify_sampling_batch`` of these rows, if the
+    caller kept one."""
     device = logits.device
     counts = [len(d) for d in drafts]
-    rows = [s.sampling_params for s, k in zip(seqs, counts, strict=True) for _ in range(k + 1)]
-    sbatch = SamplingBatch.build(rows, [[]] * len(rows), [[]] * len(rows),
-                                 [None] * len(rows), device)
+    if sbatch is None:
+        sbatch = verify_sampling_batch(seqs, [k + 1 for k in counts], device)
     probs = sampler.probs(logits, sbatch)
     draft_ids = host_to_device([t for d in drafts for t in d], torch.long, device)
     greedy = [s.sampling_params.greedy for s in seqs]

@@ -13,11 +13,17 @@ import torch
 
 from atom_core.engine.drafter import DraftRows
 from atom_core.engine.scheduler import ScheduledBatch
-from atom_core.engine.sequence import Logprob
-from atom_core.engine.spec_decode import drafts_allowed, verify, verify_device
+from atom_core.engine.sequence import Logprob, Sequence
+from atom_core.engine.spec_decode import (
+    drafts_allowed,
+    verify,
+    verify_device,
+    verify_sampling_batch,
+)
 from atom_core.engine.step_inputs import EagerInputs, eager_inputs
 from atom_core.engine.step_results import PendingStep
 from atom_core.layers.context import forward_context
+from atom_core.layers.sampler import SamplingBatch
 from atom_core.layers.transfer import host_to_device
 
 
@@ -115,7 +121,8 @@ class SpeculativeSteps:
         if self.drafter is not None:
             return self._verify_and_draft(batch, counts, logits, hidden)
         emitted, accepted = verify(self.sampler, logits, seqs, drafts,
-                                   [self._generator(s) for s in seqs], self.speculator.forced)
+                                   [self._generator(s) for s in seqs], self.speculator.forced,
+                                   self._verify_batch(seqs, counts))
         nothing = torch.empty(0, dtype=torch.long)
         pending = PendingStep([], nothing, nothing, None, [])
         for s, toks, a in zip(seqs, emitted, accepted, strict=True):
@@ -131,7 +138,7 @@ class SpeculativeSteps:
         seqs, drafts = batch.seqs, batch.drafts
         token_ids, num_accepted = verify_device(
             self.sampler, logits, seqs, drafts, [self._generator(s) for s in seqs],
-            self.speculator.forced)
+            self.speculator.forced, self._verify_batch(seqs, counts))
         # As many drafts as each may take if every draft is accepted: the bound the
         # lookahead slots and the context length allow whatever the host reads.
         wanted = [self.speculator.draft_limit(s, 1 + len(d)) for s, d in zip(seqs, drafts)]
@@ -148,6 +155,16 @@ class SpeculativeSteps:
         pending.drafts = self.drafter.collect(seqs, wanted, proposed,
                                               host[num + num * width :])
         return pending
+
+    def _verify_batch(self, seqs: list[Sequence], counts: list[int]) -> SamplingBatch:
+        """A decode-row verify step's sampling fields, reused while its sequences and row
+        counts repeat (a steady batch): building them costs host time every step."""
+        key = tuple(zip((s.seq_id for s in seqs), counts))
+        cached = self._verify_cache
+        if cached is None or cached[0] != key:
+            cached = self._verify_cache = (key, verify_sampling_batch(seqs, counts,
+                                                                      self.device))
+        return cached[1]
 
     def _draft_hidden(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The draft network's hidden input for the target's output rows, where it reads
