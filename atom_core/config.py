@@ -258,6 +258,9 @@ class Config:
             raise ConfigError("--num-speculative-tokens must be >= 1")
         if spec.method in DRAFT_MODEL_METHODS and spec.draft_model is None:
             raise ConfigError(f"--method {spec.method} needs --draft-model")
+        if spec.method not in DRAFT_MODEL_METHODS and spec.draft_model is not None:
+            raise ConfigError(f"--method {spec.method} reads no --draft-model (only "
+                              f"{' and '.join(DRAFT_MODEL_METHODS)} do)")
         from atom_core.spec_decode.forced import resolve_acceptance_length
 
         try:

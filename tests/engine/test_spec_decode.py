@@ -188,6 +188,7 @@ def test_seeded_sampling_reproduces():
     ({"method": "nope"}, "unknown --method 'nope'; registered: .*draft_model.*ngram"),
     ({"method": "draft_model"}, "--method draft_model needs --draft-model"),
     ({"draft_model": "x"}, "--draft-model needs --method"),
+    ({"method": "ngram", "draft_model": "x"}, "--method ngram reads no --draft-model"),
     ({"method": "draft_model", "draft_model": "/nonexistent"}, "does not exist"),
     ({"method": "draft_model", "draft_model": str(embedded_model_path())},
      "vocabulary of 49152 tokens, the target 272"),
