@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from atom_core.ops.deferred_norm import AddNorm
+from atom_core.ops.native.linear import plain_linear
+from atom_core.quant.fp8 import Fp8Weight
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -16,12 +18,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def silu_and_mul_linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     *,
     add_norm: AddNorm | None = None,
 ) -> torch.Tensor:
-    """The gated MLP's activation and down projection: ``F.linear(silu_and_mul(x), weight,
+    """The gated MLP's activation and down projection: ``linear(silu_and_mul(x), weight,
     bias)`` for x of last dimension 2K and weight [N, K]; ``add_norm`` declined, as
     ``linear`` declines it."""
-    return F.linear(silu_and_mul(x), weight, bias)
+    return plain_linear(silu_and_mul(x), weight, bias)

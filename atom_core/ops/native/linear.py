@@ -1,4 +1,5 @@
-"""The ``linear`` op's reference: cuBLAS / the CPU BLAS."""
+"""The ``linear`` op's reference: cuBLAS / the CPU BLAS; an ``Fp8Weight`` through the fp8
+reference (``atom_core.quant.fp8``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
-from atom_core.ops.native.norm import rms_norm
+from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
+from atom_core.quant.fp8 import Fp8Weight, fp8_linear
 
 
 def rows_of(x: torch.Tensor | DeferredNorm) -> torch.Tensor:
@@ -20,11 +22,36 @@ def promote(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.float() if weight.dtype == torch.float32 else x
 
 
-def linear(
-    x: torch.Tensor | DeferredNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-    add_norm: AddNorm | None = None,
+def plain_linear(
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``F.linear``, an fp32 weight promoting x (``promote``). The reference never defers a
-    norm: ``add_norm`` is declined (the caller adds and norms), a ``DeferredNorm`` x normed."""
-    x = rows_of(x)
+    """``F.linear``, or ``fp8_linear`` for an ``Fp8Weight``."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear(x, weight, bias)
     return F.linear(promote(x, weight), weight, bias)
+
+
+def linear(
+    x: torch.Tensor | DeferredNorm, weight: torch.Tensor | Fp8Weight,
+    bias: torch.Tensor | None = None, *, add_norm: AddNorm | None = None,
+) -> torch.Tensor:
+    """``F.linear``, an fp32 weight promoting x (``promote``), an ``Fp8Weight`` through the
+    fp8 reference. The reference never defers a norm: ``add_norm`` is declined (the caller
+    adds and norms), a ``DeferredNorm`` x normed."""
+    return plain_linear(rows_of(x), weight, bias)
+
+
+def rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor | Fp8Weight,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's norm and first projection: (linear(rms_norm(h), weight, bias), h)
+    for h = x + residual, or h = x where residual is None."""
+    if residual is None:
+        return plain_linear(rms_norm(x, norm_weight, eps), weight, bias), x
+    normed_rows, summed = fused_add_rms_norm(x, residual, norm_weight, eps)
+    return plain_linear(normed_rows, weight, bias), summed

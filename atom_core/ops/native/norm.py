@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -19,19 +18,3 @@ def fused_add_rms_norm(
     """Returns (rms_norm(x + residual), x + residual)."""
     summed = (x.float() + residual.float()).to(x.dtype)
     return rms_norm(summed, weight, eps), summed
-
-
-def rms_norm_linear(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pre-norm block's norm and first projection: (linear(rms_norm(h), weight, bias), h)
-    for h = x + residual, or h = x where residual is None."""
-    if residual is None:
-        return F.linear(rms_norm(x, norm_weight, eps), weight, bias), x
-    normed, summed = fused_add_rms_norm(x, residual, norm_weight, eps)
-    return F.linear(normed, weight, bias), summed

@@ -1,0 +1,93 @@
+"""FP8 (e4m3) weights and activations: the format, and the reference arithmetic every
+kernel is tested against.
+
+A linear's or an expert stack's weight quantized online (``--quantization fp8``) is an
+``Fp8Weight``: e4m3 values and one fp32 scale per output row (the weight is
+``qweight * scale[..., None]``). The op that multiplies by it picks the activations' format
+from the number of rows it is given, as the blog's adaptive recipe does: below
+``w8a8_min_rows`` the activations stay in the model dtype and the kernel dequantizes the
+weight as it loads it (the product is bound by reading the weight, which fp8 halves, and a
+pass quantizing a few rows would cost more than it saves); from there on the activations
+are quantized per row (one dynamic scale per token) and the product runs on fp8 tensor
+cores (W8A8).
+
+The reference ops here compute in fp32 from the dequantized operands; a kernel matches them
+up to the order of its fp32 sums and the rounding of its output.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
+# The smallest scale: an all-zero row quantizes to zeros instead of dividing by zero.
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+# The blog's crossover (its bf16/MXFP4 bound defaults to 256 tokens).
+DEFAULT_W8A8_MIN_ROWS = 256
+
+
+class Fp8Weight(NamedTuple):
+    """A weight [..., N, K] as e4m3 ``qweight`` and fp32 ``scale`` [..., N]: W = qweight *
+    scale[..., None]. Inputs of ``w8a8_min_rows`` rows or more are quantized per row (W8A8);
+    fewer are multiplied in their own dtype by the dequantized weight."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    w8a8_min_rows: int = DEFAULT_W8A8_MIN_ROWS
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.qweight.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scale[..., None]).to(dtype)
+
+    def expert(self, e: int) -> Fp8Weight:
+        """Expert ``e``'s [N, K] weight of a stack [E, N, K]."""
+        return Fp8Weight(self.qweight[e], self.scale[e], self.w8a8_min_rows)
+
+
+def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values, fp32 scales [...]) of ``t`` [..., K] with one scale per row: each row's
+    largest magnitude maps to e4m3's largest finite value (448)."""
+    tf = t.float()
+    scale = (tf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (tf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def quantize_weight(weight: torch.Tensor, w8a8_min_rows: int = DEFAULT_W8A8_MIN_ROWS
+                    ) -> Fp8Weight:
+    """``weight`` [..., N, K] quantized per output row (per channel)."""
+    q, scale = quantize_rows(weight)
+    return Fp8Weight(q.contiguous(), scale.contiguous(), w8a8_min_rows)
+
+
+def uses_w8a8(x: torch.Tensor, weight: Fp8Weight) -> bool:
+    """Whether a product of ``x``'s rows with ``weight`` quantizes the activations."""
+    rows = x.numel() // x.shape[-1] if x.dim() else 0
+    return rows >= weight.w8a8_min_rows
+
+
+def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
+               w8a8: bool | None = None) -> torch.Tensor:
+    """x @ W^T + bias in x's dtype, W an ``Fp8Weight`` [N, K]: weight-only below
+    ``w8a8_min_rows`` rows (x as it is), W8A8 from there on (x quantized per row).
+    ``w8a8`` decides instead where the rows are a part of a larger step (an expert's share
+    of the step's tokens: the step's size picks the format)."""
+    if uses_w8a8(x, weight) if w8a8 is None else w8a8:
+        xq, x_scale = quantize_rows(x)
+        acc = (xq.float() @ weight.qweight.float().T) * x_scale[..., None]
+    else:
+        acc = x.float() @ weight.qweight.float().T
+    out = acc * weight.scale
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
