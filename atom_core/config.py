@@ -177,6 +177,24 @@ class ModelConfig:
     trust_remote_code: bool = opt(
         False, ("--trust-remote-code",), "trust remote code (refused: not supported)"
     )
+    quantization: str | None = opt(
+        None, ("--quantization", "-q"),
+        "fp8: quantize the weights online at load (e4m3, one scale per output channel; the "
+        "checkpoint on disk is unchanged). A block-FP8 checkpoint is read dequantized "
+        "unless this is given",
+        choices=("fp8",),
+    )
+    fp8_layers: list[str] = opt(
+        ["attention", "mlp", "experts"], ("--fp8-layers",),
+        "with --quantization fp8, the layer kinds quantized",
+        nargs="+", choices=("attention", "mlp", "experts", "lm_head"),
+    )
+    fp8_w8a8_min_rows: int = opt(
+        256, ("--fp8-w8a8-min-rows",),
+        "with --quantization fp8, steps of at least this many tokens quantize activations per "
+        "token (W8A8 on fp8 tensor cores); smaller ones keep them in --dtype and dequantize "
+        "the weights in the kernel (weight-only)",
+    )
     seed: int = opt(0, ("--seed",), "seed for dummy weights and unseeded sampling")
     device: str = opt("auto", ("--device",), "auto, cpu or cuda")
 
@@ -239,6 +257,21 @@ class Config:
         config.validate()
         return config
 
+    def _validate_choices(self) -> None:
+        """A value outside a field's ``choices`` is refused here too, not only by the CLI:
+        ``LLMEngine(quantization="int4")`` must not run unquantized."""
+        for part in PARTS:
+            obj = getattr(self, part)
+            for f in fields(obj):
+                choices, value = f.metadata.get("choices"), getattr(obj, f.name)
+                if choices is None or (value is None and f.default is None):
+                    continue
+                values = value if isinstance(value, list) else [value]
+                bad = [v for v in values if v not in choices]
+                if bad:
+                    raise ConfigError(f"{f.metadata['flags'][0]} {bad[0]!r} is not one of "
+                                      f"{', '.join(map(str, choices))}")
+
     def _validate_speculative(self) -> None:
         spec = self.speculative_config
         forced = (spec.spec_decode_acceptance_length, spec.spec_decode_acceptance_rate)
@@ -284,10 +317,18 @@ class Config:
                 f"--level {self.compilation_config.level} (torch.compile) is not supported yet; "
                 "use --level 0 (eager prefill, CUDA-graph decode)"
             )
+        self._validate_choices()
         self._validate_speculative()
         if m.trust_remote_code:
             raise ConfigError("--trust-remote-code is not supported: "
                               "ATOM runs only registered architectures")
+        if m.quantization is not None:
+            from atom_core.quant.fp8 import check_options
+
+            try:
+                check_options(m.fp8_layers, m.fp8_w8a8_min_rows)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if c.block_size < 1 or c.block_size & (c.block_size - 1):
             raise ConfigError(f"--block-size must be a power of two, got {c.block_size}")
         if not 0 < c.gpu_memory_utilization <= 1:

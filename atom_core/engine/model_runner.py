@@ -26,6 +26,7 @@ from atom_core.layers.sampler import Sampler, SamplerOutput, SamplingBatch, prom
 from atom_core.layers.transfer import host_to_device
 from atom_core.loader import LoadedModel
 from atom_core.ops.native.kv_cache import FP8_KV_DTYPE
+from atom_core.quant.online import require_fp8_device
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class ModelRunner(SpeculativeSteps):
         if lacking:
             raise ConfigError(f"--kv_cache_dtype fp8: the {', '.join(lacking)} attention "
                               "backend has no fp8 KV cache yet; use --kv_cache_dtype bf16")
+        require_fp8_device(self.device, "--kv_cache_dtype fp8")
         return FP8_KV_DTYPE
 
     def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:

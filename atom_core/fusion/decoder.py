@@ -68,7 +68,7 @@ def _pre_norm(
         y, residual = (norm(x), x) if residual is None else norm(x, residual)
     if finish is not None:
         # The op declines (returns its plain output) where the reader would norm anyway.
-        weight = reader.input_proj.weight if reader and reader.input_proj is not None else None
+        weight = reader.input_proj.op_weight if reader and reader.input_proj is not None else None
         parts.finisher.pending = AddNorm(residual, finish.weight, finish.eps, weight)
     out = sublayer(*args, Projected(y) if proj is not None else y)
     if parts is not None and parts.finisher.pending is not None:

@@ -68,7 +68,8 @@ class FusedGatedMLP(GatedMLP):
         down = self.down_proj
         # As RowParallelLinear.forward: with TP > 1 only rank 0 adds the bias.
         bias = down.bias if down.tp_rank == 0 else None
-        return self._silu_and_mul_linear(self.gate_up_proj(x), down.weight, bias, add_norm=add_norm)
+        return self._silu_and_mul_linear(self.gate_up_proj(x), down.op_weight, bias,
+                                         add_norm=add_norm)
 
 
 @cache

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from atom_core.layers.context import get_build_context
-from atom_core.layers.linear import default_weight_loader, tp_rank_and_size
+from atom_core.layers.linear import Fp8Quantizable, default_weight_loader, tp_rank_and_size
 from atom_core.ops import resolve_op
 
 
@@ -58,13 +58,14 @@ class VocabParallelEmbedding(nn.Module):
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
 
 
-class ParallelLMHead(VocabParallelEmbedding):
+class ParallelLMHead(Fp8Quantizable, VocabParallelEmbedding):
     """Hidden states -> logits over the vocabulary, in the model's dtype: the sampler widens
     them to fp32 where it computes on them, and greedy decoding takes the argmax of the
     narrow ones (the same token), so a decode step has no [batch, vocab] copy to fp32.
 
     ``tie_to(embedding)`` shares the embedding's weight (``tie_word_embeddings``), so the
-    checkpoint's ``lm_head.weight``, if present at all, is redundant.
+    checkpoint's ``lm_head.weight``, if present at all, is redundant. Quantizing a tied
+    head gives it a weight of its own (the embedding keeps the model dtype).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
@@ -83,4 +84,4 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # With TP > 1 the ranks' vocabulary slices are gathered here, padded rows cut off.
-        return self._linear(hidden_states, self.weight, self.bias)
+        return self._linear(hidden_states, self.op_weight, self.bias)

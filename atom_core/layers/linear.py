@@ -6,6 +6,10 @@ a Hugging Face checkpoint tensor into this rank's slice; fused layers (qkv, gate
 (``tp_rank_and_size``), but the slicing is written for any size so the layers stay the same
 when the distributed groups land. The product itself is the registry's ``linear`` op
 (``F.linear`` contract), resolved once for the build context's device.
+
+``quantize_fp8`` (``--quantization fp8``, after loading) swaps the weight for its e4m3
+values and per-row scales; ``op_weight`` is what the ops are handed, the plain weight or
+the ``Fp8Weight``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
+from atom_core.quant.fp8 import Fp8Weight, quantize_weight
 
 
 def tp_rank_and_size() -> tuple[int, int]:
@@ -39,7 +44,32 @@ def _divide(numerator: int, denominator: int) -> int:
     return numerator // denominator
 
 
-class LinearBase(nn.Module):
+class Fp8Quantizable:
+    """A module whose ``weight`` [N, K] the ops multiply by (a linear, the LM head), which
+    ``--quantization fp8`` may swap for e4m3 values and per-row scales.
+
+    ``quantizable`` False keeps the weight in the model dtype: for a model that reads the
+    weight itself instead of calling ``forward``."""
+
+    quantizable = True
+    fp8: Fp8Weight | None = None
+    weight: nn.Parameter
+
+    @property
+    def op_weight(self) -> torch.Tensor | Fp8Weight:
+        """The weight as the ops take it: the parameter, or its ``Fp8Weight``."""
+        return self.weight if self.fp8 is None else self.fp8
+
+    def quantize_fp8(self, w8a8_min_rows: int) -> None:
+        """Replace the weight by its e4m3 values (``weight``, same name) and one fp32 scale
+        per output row (``weight_scale``); the model-dtype weight is freed."""
+        fp8 = quantize_weight(self.weight.data, w8a8_min_rows)
+        self.weight = nn.Parameter(fp8.qweight, requires_grad=False)
+        self.weight_scale = nn.Parameter(fp8.scale, requires_grad=False)
+        self.fp8 = Fp8Weight(self.weight, self.weight_scale, w8a8_min_rows)
+
+
+class LinearBase(Fp8Quantizable, nn.Module):
     """y = x W^T + b with W of shape [output_size, input_size] on this rank."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None) -> None:
@@ -68,10 +98,11 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor | DeferredNorm) -> torch.Tensor:
-        return self._linear(x, self.weight, self.bias)
+        return self._linear(x, self.op_weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+        quant = ", fp8" if self.fp8 is not None else ""
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}{quant}"
 
 
 class ReplicatedLinear(LinearBase):
@@ -103,7 +134,7 @@ class RowParallelLinear(LinearBase):
         can (``atom_core.ops.deferred_norm``)."""
         # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
         bias = self.bias if self.tp_rank == 0 else None
-        return self._linear(x, self.weight, bias, add_norm=add_norm)
+        return self._linear(x, self.op_weight, bias, add_norm=add_norm)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

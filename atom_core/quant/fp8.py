@@ -27,6 +27,18 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 # The blog's crossover (its bf16/MXFP4 bound defaults to 256 tokens).
 DEFAULT_W8A8_MIN_ROWS = 256
+# The layer kinds --fp8-layers chooses from (atom_core.quant.online says which is which).
+LAYER_KINDS = ("attention", "mlp", "experts", "lm_head")
+
+
+def check_options(kinds: list[str] | tuple[str, ...], w8a8_min_rows: int) -> None:
+    """ValueError naming what is wrong with --fp8-layers / --fp8-w8a8-min-rows."""
+    unknown = sorted(set(kinds) - set(LAYER_KINDS))
+    if unknown:
+        raise ValueError(f"--fp8-layers: unknown kind {', '.join(unknown)}; "
+                         f"kinds: {', '.join(LAYER_KINDS)}")
+    if w8a8_min_rows < 1:
+        raise ValueError(f"--fp8-w8a8-min-rows must be >= 1, got {w8a8_min_rows}")
 
 
 class Fp8Weight(NamedTuple):

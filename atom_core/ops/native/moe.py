@@ -16,6 +16,11 @@ The reference groups the T*k assignments by expert (one sort), then runs two GEM
 expert over just the rows routed to it, so its cost is that of the tokens' active
 experts, never a dense E x T loop. It reads the per-expert counts on the host, which a
 GPU kernel must not do; this is the CPU path and the kernels' yardstick.
+
+``w13`` and ``w2`` may be ``Fp8Weight`` stacks (``atom_core.quant.fp8``): each expert's
+product is then ``fp8_linear`` with that expert's weight. The step's token count T, not an
+expert's share of it, picks the format: W8A8 (the rows, and the intermediate before ``w2``,
+quantized per row) from T >= ``w8a8_min_rows`` on, weight-only below.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch.nn.functional as F
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_core.ops.native.linear import linear, rows_of
+from atom_core.quant.fp8 import Fp8Weight, fp8_linear
 
 
 def with_shared_expert_ids(
@@ -46,10 +52,19 @@ def with_shared_experts(
             with_shared_expert_ids(topk_ids, num_experts, num_shared))
 
 
+def expert_linear(x: torch.Tensor, w: torch.Tensor | Fp8Weight, expert: int,
+                  num_tokens: int) -> torch.Tensor:
+    """x @ w[expert]^T: ``F.linear``, or ``fp8_linear`` in the format a step of
+    ``num_tokens`` tokens picks."""
+    if isinstance(w, Fp8Weight):
+        return fp8_linear(x, w.expert(expert), w8a8=num_tokens >= w.w8a8_min_rows)
+    return F.linear(x, w[expert])
+
+
 def fused_moe(
     hidden: torch.Tensor | DeferredNorm,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | Fp8Weight,
+    w2: torch.Tensor | Fp8Weight,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -81,9 +96,9 @@ def fused_moe(
         rows = slice(start, start + count)
         start += count
         tokens = token_of[rows]
-        gate_up = F.linear(hidden.index_select(0, tokens), w13[expert])
+        gate_up = expert_linear(hidden.index_select(0, tokens), w13, expert, num_tokens)
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = F.linear(act, w2[expert])
+        y = expert_linear(act, w2, expert, num_tokens)
         out.index_add_(0, tokens, y.float() * weight_of[rows, None].float())
     return out.to(hidden.dtype)
 

@@ -69,6 +69,8 @@ class DeepseekV2Attention(nn.Module):
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank, heads * (self.qk_nope_head_dim + self.v_head_dim)
         )
+        # The MLA backend absorbs this weight into its query and output (mla_attn below).
+        self.kv_b_proj.quantizable = False
         self.o_proj = RowParallelLinear(heads * self.v_head_dim, hidden, bias=bias)
         base, rope_scaling = rope_config(config)
         self.rotary_emb = get_rope(
