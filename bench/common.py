@@ -132,8 +132,13 @@ def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> 
     if scheme not in WEIGHT_SCHEMES:
         raise ValueError(f"weight scheme {scheme!r}: expected one of {WEIGHT_SCHEMES}")
     torch.manual_seed(seed)
-    for p in model.parameters():
-        if scheme == "vllm":
+    named = dict(model.named_parameters())
+    for name, p in named.items():
+        if p.dtype == torch.float8_e4m3fn:  # --quantization fp8: draw, then quantize
+            _randomize_fp8(p, named[f"{name}_scale"], scheme)
+        elif name.endswith("_scale") and named.get(name[:-6], p).dtype == torch.float8_e4m3fn:
+            continue  # set with its weight
+        elif scheme == "vllm":
             if p.is_floating_point():
                 gen = torch.Generator(device=p.device).manual_seed(1234)
                 p.uniform_(-1e-3, 1e-3, generator=gen)
@@ -141,6 +146,22 @@ def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> 
             p.normal_(0.0, 0.02)
         else:
             p.fill_(1.0)
+
+
+def _randomize_fp8(qweight: torch.Tensor, scale: torch.Tensor, scheme: str) -> None:
+    """An fp8 weight and its per-row scales from a matrix drawn as ``randomize`` draws one,
+    quantized as ``--quantization fp8`` quantizes (one expert at a time for a stack)."""
+    from atom_core.quant.fp8 import quantize_rows
+
+    for q, s in zip(qweight.view(-1, *qweight.shape[-2:]), scale.view(-1, scale.shape[-1])):
+        w = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        if scheme == "vllm":
+            w.uniform_(-1e-3, 1e-3, generator=torch.Generator(device=q.device).manual_seed(1234))
+        else:
+            w.normal_(0.0, 0.02)
+        values, scales = quantize_rows(w)
+        q.copy_(values)
+        s.copy_(scales)
 
 
 ROUTINGS = ("drawn", "tied")
@@ -192,6 +213,33 @@ def hf_generate(model: Any, ids: torch.Tensor, **kw: Any) -> Any:
 # --- what a decode step reads ---------------------------------------------------------------
 
 
+def add_quant_args(p: argparse.ArgumentParser) -> None:
+    """The engine's FP8 flags, as a bench passes them on (``quant_kwargs``)."""
+    p.add_argument("--quantization", choices=("fp8",), default=None,
+                   help="fp8: weights quantized online at load (the engine's flag)")
+    p.add_argument("--kv-cache-dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--fp8-w8a8-min-rows", type=int, default=None,
+                   help="the engine's crossover to W8A8 (default: the engine's)")
+    p.add_argument("--fp8-layers", nargs="+", default=None,
+                   help="the layer kinds quantized (default: the engine's)")
+
+
+def quant_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """LLMEngine keyword arguments for ``add_quant_args``'s flags."""
+    kw: dict[str, Any] = {"kv_cache_dtype": args.kv_cache_dtype}
+    if args.quantization:
+        kw["quantization"] = args.quantization
+        if args.fp8_w8a8_min_rows is not None:
+            kw["fp8_w8a8_min_rows"] = args.fp8_w8a8_min_rows
+        if args.fp8_layers:
+            kw["fp8_layers"] = args.fp8_layers
+    return kw
+
+
+def kv_elem_bytes(args: argparse.Namespace) -> int:
+    return 1 if args.kv_cache_dtype == "fp8" else 2
+
+
 def kv_bytes_per_token(cfg: dict[str, Any], elem: int = 2) -> int:
     """KV-cache bytes one token occupies: MLA (DeepSeek) caches one latent plus the shared
     RoPE key per layer; GQA caches a key and a value per KV head."""
@@ -240,8 +288,11 @@ def uniform_experts_touched(cfg: dict[str, Any], batch: int) -> float:
 
 
 def _stacked_embed_head(model: torch.nn.Module) -> tuple[set[int], Any, Any]:
-    """(ids of the stacked expert weights, the input embedding's weight, the LM head's)."""
+    """(ids of the stacked expert weights and of their fp8 scales, the input embedding's
+    weight, the LM head's)."""
     stacked = {id(w) for m in moe_layers(model).values() for w in (m.w13_weight, m.w2_weight)}
+    stacked |= {id(p) for n, p in model.named_parameters()
+                if n.endswith(("w13_weight_scale", "w2_weight_scale"))}
     embed = next((m.weight for n, m in model.named_modules() if n.endswith("embed_tokens")), None)
     head = getattr(getattr(model, "lm_head", None), "weight", None)
     return stacked, embed, head
@@ -503,14 +554,21 @@ class PowerLog:
             self.samples = parse_power_samples(out.splitlines())
 
 
-def sustained_gemm(m: int, k: int, n: int, seconds: float) -> dict:
+def sustained_gemm(m: int, k: int, n: int, seconds: float, fp8: bool = False) -> dict:
     """An [m, k] x [k, n] bf16 GEMM (``F.linear``, cuBLAS) back to back for ``seconds``: its
     rate, and the board's mean power and SM clock once the first second has settled. Over
     seconds an H200 settles at its power limit and clocks down, which a short timing (a few
-    calls at the boost clock) does not show."""
+    calls at the boost clock) does not show. ``fp8``: the e4m3 GEMM with a scale per row
+    and per column (``torch._scaled_mm``, bf16 out), as W8A8 steps run."""
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
     fn = functools.partial(torch.nn.functional.linear, x, w)
+    if fp8:
+        xq, wq = x.to(torch.float8_e4m3fn), w.mul(16).to(torch.float8_e4m3fn)
+        sa = torch.ones(m, 1, device="cuda")
+        sb = torch.ones(1, n, device="cuda")
+        fn = functools.partial(torch._scaled_mm, xq, wq.t(), scale_a=sa, scale_b=sb,
+                               out_dtype=torch.bfloat16)
     with PowerLog() as log:
         for _ in range(3):
             fn()
@@ -526,7 +584,8 @@ def sustained_gemm(m: int, k: int, n: int, seconds: float) -> dict:
     watts = sum(s[0] for s in steady) / len(steady) if steady else float("nan")
     mhz = sum(s[1] for s in steady) / len(steady) if steady else float("nan")
     return {"m": m, "k": k, "n": n, "calls": calls, "wall_s": wall,
-            "tflops": 2 * m * k * n * calls / wall / 1e12, "watts": watts, "sm_mhz": mhz,
+            "fp8": fp8, "tflops": 2 * m * k * n * calls / wall / 1e12, "watts": watts,
+            "sm_mhz": mhz,
             "samples": len(log.samples)}
 
 

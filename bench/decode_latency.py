@@ -46,6 +46,7 @@ from common import (  # noqa: E402
     MODELS,
     ROUTINGS,
     WEIGHT_SCHEMES,
+    add_quant_args,
     config_path,
     copy_bandwidth,
     decoding,
@@ -55,11 +56,13 @@ from common import (  # noqa: E402
     is_moe,
     kernel_table,
     kv_bytes_per_token,
+    kv_elem_bytes,
     load_config,
     machine,
     markdown_table,
     print_kernels,
     profiler_activities,
+    quant_kwargs,
     random_prompts,
     randomize,
     shared_experts,
@@ -193,7 +196,7 @@ def bench_atom(name: str, results: dict) -> None:
         enable_log_stats=False, max_model_len=max_len, max_num_seqs=max(sizes),
         max_num_batched_tokens=token_budget(max(sizes), ARGS.prompt_len),
         cudagraph_capture_sizes=sizes, enforce_eager=ARGS.enforce_eager,
-        async_scheduling=ARGS.async_scheduling,
+        async_scheduling=ARGS.async_scheduling, **quant_kwargs(ARGS),
     )
     randomize(engine.runner.model, scheme=ARGS.weights)
     if ARGS.routing == "tied" and is_moe(cfg):
@@ -210,7 +213,8 @@ def bench_atom(name: str, results: dict) -> None:
         tpot = sum(o["tpot"] for o in outs) / len(outs)
         touched = touched_experts(engine, ps, ARGS.expert_steps)
         wbytes = step_bytes(model, bs, touched)
-        kv = bs * kv_bytes_per_token(cfg) * (ARGS.prompt_len + ARGS.output_len / 2)
+        kv_token = kv_bytes_per_token(cfg, kv_elem_bytes(ARGS))
+        kv = bs * kv_token * (ARGS.prompt_len + ARGS.output_len / 2)
         roof = (wbytes + kv) / results["copy_bandwidth"]
         per_layer = experts_per_layer(touched, cfg)
         results[name]["batches"][bs] = {
@@ -351,6 +355,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expert-steps", type=int, default=8,
                    help="eager decode steps over which MoE experts touched are counted")
     p.add_argument("--enforce-eager", action="store_true")
+    add_quant_args(p)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run every step one ahead (the engine's default)")
     p.add_argument("--skip-hf", action="store_true")

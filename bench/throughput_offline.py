@@ -39,6 +39,7 @@ from atom_core.config import SchedulerConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     MODELS,
+    add_quant_args,
     config_path,
     copy_bandwidth,
     free_memory,
@@ -47,6 +48,7 @@ from common import (  # noqa: E402
     host_api_table,
     kernel_table,
     kv_bytes_per_token,
+    kv_elem_bytes,
     load_config,
     machine,
     markdown_table,
@@ -54,6 +56,7 @@ from common import (  # noqa: E402
     params_per_token,
     print_kernels,
     profiler_activities,
+    quant_kwargs,
     random_prompts,
     randomize,
     sustained_gemm,
@@ -166,7 +169,7 @@ def bench_atom(results: dict) -> None:
         str(config_path(ARGS.model)), load_dummy="empty", dtype="bfloat16", device="cuda",
         enable_log_stats=False, max_model_len=ARGS.input_len + ARGS.output_len + 16,
         max_num_seqs=ARGS.max_num_seqs, max_num_batched_tokens=ARGS.max_num_batched_tokens,
-        async_scheduling=ARGS.async_scheduling,
+        async_scheduling=ARGS.async_scheduling, **quant_kwargs(ARGS),
         **({"cudagraph_capture_sizes": ARGS.cudagraph_capture_sizes}
            if ARGS.cudagraph_capture_sizes else {}),
     )
@@ -178,7 +181,7 @@ def bench_atom(results: dict) -> None:
         "params_per_token": params_per_token(engine.runner.model,
                                              cfg.get("num_experts_per_tok") or 0),
         "lm_head_params": head.numel() if head is not None else 0,
-        "kv_bytes_per_token": kv_bytes_per_token(cfg),
+        "kv_bytes_per_token": kv_bytes_per_token(cfg, kv_elem_bytes(ARGS)),
     }
     t0 = time.perf_counter()
     engine.warmup()  # as the server does before it takes requests
@@ -203,11 +206,13 @@ def bench_atom(results: dict) -> None:
 
 @torch.inference_mode()
 def bench_floor(results: dict) -> None:
-    """The run's floor (common.offline_floor) at two rates measured here: a bf16 GEMM of
-    one step's tokens sustained for --floor-seconds (the board settles at its power limit,
-    as a long run's prefill does) and the copy bandwidth."""
+    """The run's floor (common.offline_floor) at two rates measured here: a GEMM of one
+    step's tokens sustained for --floor-seconds (the board settles at its power limit, as a
+    long run's prefill does), in bf16, or in fp8 with --quantization fp8 (its prefill steps
+    run W8A8), and the copy bandwidth."""
     hidden = load_config(ARGS.model)["hidden_size"]
-    gemm = sustained_gemm(ARGS.max_num_batched_tokens, hidden, 4 * hidden, ARGS.floor_seconds)
+    gemm = sustained_gemm(ARGS.max_num_batched_tokens, hidden, 4 * hidden, ARGS.floor_seconds,
+                          fp8=ARGS.quantization == "fp8")
     size = results["model_size"]
     results["floor"] = {
         "gemm": gemm,
@@ -312,6 +317,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs,
                    help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    add_quant_args(p)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run every step one ahead (the engine's default)")
     p.add_argument("--hf-batch-size", type=int, default=64)
