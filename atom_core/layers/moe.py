@@ -27,6 +27,7 @@ from atom_core.layers.linear import default_weight_loader, tp_rank_and_size
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
+from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight, quantize_weight
 
 
 class TopKRouter(nn.Module):
@@ -104,7 +105,11 @@ class FusedMoE(nn.Module):
     ``fused_moe`` op. With ``num_shared_experts`` n, E counts n always-selected experts
     after the ``num_experts`` routed ones (see the module docstring). With tensor
     parallelism each rank holds a slice of I (the partial sums are all-reduced once TP
-    lands, as for RowParallelLinear)."""
+    lands, as for RowParallelLinear). ``quantize_fp8`` (after loading) swaps both stacks
+    for e4m3 values and per-(expert, row) scales."""
+
+    # The two stacks as the op takes them once quantized (``quantize_fp8``).
+    fp8: tuple[Fp8Weight, Fp8Weight] | None = None
 
     def __init__(
         self,
@@ -175,19 +180,42 @@ class FusedMoE(nn.Module):
         for j, chunk in enumerate(loaded_weight.split(full, dim=dim)):
             self.weight_loader(param, chunk, shard_id, self.num_experts + j)
 
+    def quantize_fp8(self, w8a8_min_rows: int) -> None:
+        """Replace ``w13_weight`` and ``w2_weight`` (same names) by their e4m3 values, with
+        one fp32 scale per expert and output row in ``w13_weight_scale`` [E, 2I] and
+        ``w2_weight_scale`` [E, H]; the model-dtype stacks are freed. Shared experts are in
+        the stacks and are quantized with them."""
+        fp8 = []
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(self, name).data
+            qweight = torch.empty(weight.shape, dtype=FP8_DTYPE, device=weight.device)
+            scale = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
+            # Expert by expert: the fp32 temporaries of a whole stack would be twice its size.
+            for e in range(weight.shape[0]):
+                expert = quantize_weight(weight[e])
+                qweight[e], scale[e] = expert.qweight, expert.scale
+            del weight
+            setattr(self, name, nn.Parameter(qweight, requires_grad=False))
+            setattr(self, f"{name}_scale", nn.Parameter(scale, requires_grad=False))
+            fp8.append(Fp8Weight(getattr(self, name), getattr(self, f"{name}_scale"),
+                                 w8a8_min_rows))
+        self.fp8 = (fp8[0], fp8[1])
+
     def forward(
         self, x: torch.Tensor | DeferredNorm, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
         add_norm: AddNorm | None = None,
     ) -> torch.Tensor | DeferredNorm:
         """``topk_weights`` / ``topk_ids`` [T, k]: the routed choices; the op adds the shared
         experts' slots itself. ``add_norm``: as ``RowParallelLinear.forward``'s."""
-        return self._op(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids,
+        w13, w2 = (self.w13_weight, self.w2_weight) if self.fp8 is None else self.fp8
+        return self._op(x, w13, w2, topk_weights, topk_ids,
                         num_shared_experts=self.num_shared_experts, add_norm=add_norm)
 
     def extra_repr(self) -> str:
+        quant = ", fp8" if self.fp8 is not None else ""
         return (
             f"experts={self.num_experts}, shared={self.num_shared_experts}, "
-            f"hidden={self.hidden_size}, inter={self.intermediate_size}"
+            f"hidden={self.hidden_size}, inter={self.intermediate_size}{quant}"
         )
 
 
