@@ -1,0 +1,104 @@
+"""Per-row dynamic FP8 quantization of activations: x [M, K] -> (e4m3 [M, K], fp32 [M]).
+
+The W8A8 path of an ``Fp8Weight`` product (fp8_gemm.py) quantizes its input rows here
+before the fp8 tensor-core GEMM. The arithmetic is ``atom_core.quant.fp8.quantize_rows``'s,
+bit for bit: scale = max(amax / 448, MIN_SCALE) and q = clamp(x / scale, -448, 448) rounded
+to the nearest e4m3 value, ties to even, both divisions correctly rounded (``div_rn``: a
+plain ``/`` compiles to an approximate division on NVIDIA GPUs).
+
+One program per row: a row of the model's width (a few thousand values) is one tile held in
+registers between the max and the quantizing pass; wider rows take two passes over K.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_core.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from atom_kernels_triton.pdl import pdl_options, pdl_wait
+
+# Rows up to this wide stay in registers between the two passes.
+MAX_ONE_TILE = 8192
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_MIN_SCALE = tl.constexpr(MIN_SCALE)
+# Below 2^-6 e4m3 is subnormal, with a fixed quantum of 2^-9; adding 1.5 * 2^14, whose fp32
+# quantum is 2^-9, rounds to it (to nearest, ties to even) as the fp32 add rounds.
+_E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
+_SUBNORMAL_SHIFT = tl.constexpr(1.5 * 2.0**14)
+
+
+@triton.jit
+def round_to_e4m3(v):
+    """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32,
+    sign kept (zeros too). The conversion to e4m3 that follows is then exact: torch's
+    rounding, on every backend (the interpreter's conversion rounds otherwise)."""
+    bits = v.to(tl.uint32, bitcast=True)
+    # Normal range: keep 3 of fp32's 23 mantissa bits; a carry moves into the exponent.
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+    tiny = (tl.abs(v) + _SUBNORMAL_SHIFT) - _SUBNORMAL_SHIFT
+    tiny_bits = tiny.to(tl.uint32, bitcast=True) | (bits & 0x80000000)
+    out = tl.where(tl.abs(v) < _E4M3_MIN_NORMAL, tiny_bits, normal)
+    return out.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize(x, scale):
+    q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
+    return round_to_e4m3(q)
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, x_stride, q_ptr, s_ptr, K, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    q_row = q_ptr + row * K
+    ks = tl.arange(0, BLOCK_K)
+    if ONE_TILE:
+        x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=0)
+    else:
+        amax_k = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            amax_k = tl.maximum(amax_k, tl.abs(xk))
+        amax = tl.max(amax_k, axis=0)
+    scale = tl.maximum(tl.math.div_rn(amax, _FP8_MAX), _MIN_SCALE)
+    tl.store(s_ptr + row, scale)
+    if ONE_TILE:
+        tl.store(q_row + ks, _quantize(x, scale).to(q_ptr.dtype.element_ty), mask=ks < K)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            tl.store(q_row + kk, _quantize(xk, scale).to(q_ptr.dtype.element_ty), mask=kk < K)
+
+
+def quantize_rows(x: torch.Tensor, block_k: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 [M, K], fp32 scales [M]) of x's rows (x [..., K] flattened to [M, K]), as
+    ``atom_core.quant.fp8.quantize_rows`` computes them. ``block_k`` overrides the tile
+    (tests take the two-pass form with it)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    q = torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, scale
+    if block_k is None:
+        block_k = min(triton.next_power_of_2(k), MAX_ONE_TILE)
+    num_warps = 8 if block_k >= 4096 else 4
+    _quantize_rows_kernel[(m,)](
+        x2, x2.stride(0), q, scale, k, BLOCK_K=block_k, ONE_TILE=block_k >= k,
+        num_warps=num_warps, **pdl_options(x.device),
+    )
+    return q, scale
