@@ -1,0 +1,243 @@
+"""The ``linear`` op's products with an ``Fp8Weight`` past the GEMV's rows (gemv.py).
+
+- ``weight_only_linear``: from gemv_config.MAX_ROWS rows up to the weight's
+  ``w8a8_min_rows``, x stays in its dtype (bf16/fp16) and W is converted from e4m3 as it is
+  loaded: a tiled GEMM over M and N whose W tiles go to x's dtype before ``tl.dot``, and
+  whose accumulator is multiplied by the per-output-column scale at the end. It still reads
+  W once: the M tiles of one N tile are neighbours in launch order, so all but the first
+  find W's tile in L2. Few rows run with W x^T (SWAP: W's tile is the product's M side, the
+  rows its N side, as gemv.py's 32-row tile) and, where the tiles alone would leave SMs idle,
+  split along K, the fp32 partial sums added in a fixed order by a second kernel.
+- ``w8a8_linear``: from ``w8a8_min_rows`` rows on, x is quantized per row (fp8_quant.py)
+  and the product runs on fp8 tensor cores through ``torch._scaled_mm`` with row-wise
+  scales (x's per row, W's per column). CUDA only.
+
+Both match ``atom_core.quant.fp8.fp8_linear`` up to the order of their fp32 sums and the
+rounding of the output.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TypedDict
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight
+from atom_kernels_triton.fp8_quant import quantize_rows
+from atom_kernels_triton.pdl import pdl_options, pdl_wait
+
+X_DTYPES = (torch.bfloat16, torch.float16)
+H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
+
+
+class GemmConfig(TypedDict):
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    SPLIT_K: int
+    SWAP: bool
+    num_warps: int
+    num_stages: int
+
+
+def weight_ok(
+    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, k_factor: int = 1
+) -> bool:
+    """Whether the Triton kernels take x [..., K * k_factor] with this weight and bias: a
+    contiguous e4m3 [N, K] with fp32 scales [N], x in bf16 or fp16 and the bias in x's dtype
+    (the output's)."""
+    q, s = weight.qweight, weight.scale
+    return (
+        x.dim() > 0
+        and x.shape[-1] > 0
+        and x.dtype in X_DTYPES
+        and q.dim() == 2
+        and q.dtype == FP8_DTYPE
+        and q.is_contiguous()
+        and q.shape[1] * k_factor == x.shape[-1]
+        and s.shape == (q.shape[0],)
+        and s.dtype == torch.float32
+        and s.is_contiguous()
+        and (bias is None or (bias.dtype == x.dtype and bias.shape == (q.shape[0],)
+                              and bias.is_contiguous()))
+    )
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    x_ptr, x_stride, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # The M tiles of one N tile are consecutive programs: W's tile comes from HBM once.
+    num_m = tl.cdiv(M, BLOCK_M)
+    pid_n = tl.program_id(0) // num_m
+    pid_m = tl.program_id(0) % num_m
+    pid_k = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    # Out-of-range rows and features re-read the last one instead of masking (loads stay
+    # unmasked along M and N); their results are never stored.
+    w_tile = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K
+    x_tile = x_ptr + tl.minimum(rows, M - 1).to(tl.int64)[:, None] * x_stride
+    ks = tl.arange(0, BLOCK_K)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    pdl_wait(PDL)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kk = k0 + ks
+        if EVEN_K:
+            w = tl.load(w_tile + kk[None, :])
+            a = tl.load(x_tile + kk[None, :])
+        else:
+            w = tl.load(w_tile + kk[None, :], mask=kk[None, :] < K, other=0.0)
+            a = tl.load(x_tile + kk[None, :], mask=kk[None, :] < K, other=0.0)
+        # e4m3 values are exact in bf16 and fp16.
+        w = w.to(a.dtype)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(a), acc)
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
+    # Index the output as the accumulator is laid out, [N, M] where SWAP.
+    if SWAP:
+        acc *= scale[:, None]
+        offs = rows[None, :].to(tl.int64) * N + cols[:, None]
+        mask = row_ok[None, :] & col_ok[:, None]
+    else:
+        acc *= scale[None, :]
+        offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+    if SPLIT:
+        tl.store(part_ptr + pid_k.to(tl.int64) * M * N + offs, acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            acc += bias[:, None] if SWAP else bias[None, :]
+        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    pdl_wait(PDL)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
+        acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def default_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
+    """Tiles from the shape alone. Up to 64 rows one M tile holds them all, the rows on the
+    N side of W x^T (SWAP), W's tile 64 features on the M side; more rows take 64-row
+    tiles of x W^T, 128 features wide. SPLIT_K (a power of two, each split >= 4 BLOCK_K
+    chunks) while the grid stays under one program per SM: the product is bound by reading
+    W up to a few hundred rows, and an idle SM streams nothing."""
+    if m <= 64:
+        block_m, block_n, swap = max(16, 1 << max(0, m - 1).bit_length()), 64, True
+    else:
+        block_m, block_n, swap = 64, 128, False
+    block_k = 128
+    programs = _cdiv(n, block_n) * _cdiv(m, block_m)
+    split_k = 1
+    while programs * split_k < num_sms and split_k < 8 and _cdiv(k, block_k) >= 8 * split_k:
+        split_k *= 2
+    return GemmConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+                      SWAP=swap, num_warps=4, num_stages=4)
+
+
+def weight_only_linear(
+    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """x @ W^T + bias in x's dtype, x [..., K] in bf16/fp16 as it is (``weight_ok``), W
+    converted from e4m3 as it is loaded. ``config`` overrides the tiles (for tuning)."""
+    q = weight.qweight
+    n, k = q.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out.view(*x.shape[:-1], n)
+    if config is None:
+        config = default_config(m, n, k, _num_sms(x.device))
+    block_k = config["BLOCK_K"]
+    # Each split covers whole BLOCK_K chunks; splits that would start past K are dropped.
+    k_per_split = _cdiv(_cdiv(k, block_k), config["SPLIT_K"]) * block_k
+    split_k = _cdiv(k, k_per_split)
+    part = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+            if split_k > 1 else out)
+    has_bias = bias is not None
+    pdl = pdl_options(x.device)
+    grid = (_cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"]), split_k)
+    _fp8_gemm_kernel[grid](
+        x2, x2.stride(0), q, weight.scale, bias if has_bias else out, out, part, m, n, k,
+        k_per_split, HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=config["BLOCK_M"],
+        BLOCK_N=config["BLOCK_N"], BLOCK_K=block_k, SWAP=config["SWAP"],
+        EVEN_K=k % block_k == 0, num_warps=config["num_warps"],
+        num_stages=config["num_stages"], **pdl,
+    )
+    if split_k > 1:
+        block = 1024
+        _sum_splits_kernel[(_cdiv(m * n, block),)](
+            part, bias if has_bias else out, out, m * n, n, SPLIT_K=split_k, HAS_BIAS=has_bias,
+            BLOCK=block, **pdl,
+        )
+    return out.view(*x.shape[:-1], n)
+
+
+@functools.cache
+def _scaled_mm_device(device: torch.device) -> bool:
+    # Row-wise scaled fp8 GEMMs: sm_89 (Ada) and later.
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def w8a8_ok(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> bool:
+    """Whether ``w8a8_linear`` takes this call: a CUDA device with fp8 tensor cores, and
+    K and N multiples of 16 (``_scaled_mm``'s)."""
+    n, k = weight.qweight.shape
+    return (weight_ok(x, weight, bias) and x.is_cuda and _scaled_mm_device(x.device)
+            and n % 16 == 0 and k % 16 == 0)
+
+
+def w8a8_linear(
+    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W^T + bias in x's dtype with x quantized per row (``w8a8_ok`` calls): the
+    quantization kernel, then ``torch._scaled_mm`` with x's scales per row and W's per
+    column. The bias is added after, in x's dtype (row-wise scaling takes no bias)."""
+    q = weight.qweight
+    n, k = q.shape
+    xq, x_scale = quantize_rows(x)
+    out = torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=weight.scale[None, :],
+                           out_dtype=x.dtype)
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], n)
