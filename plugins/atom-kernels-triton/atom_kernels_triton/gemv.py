@@ -46,6 +46,15 @@ not pipeline the loop, which made the fused forms several times slower than the 
 at 16 and 32 rows on an H200.
 
 Block sizes, and whether to call cuBLAS instead, come from ``gemv_config.get_config``.
+
+An ``Fp8Weight`` (e4m3 values, fp32 scale per output feature) below its ``w8a8_min_rows``
+runs the same kernel with W loaded as e4m3, half the bytes of a 16-bit W, and converted as
+it is loaded (to fp32 on the 1-row path, to x's dtype for ``tl.dot``); the accumulator is
+multiplied by the scales before it is stored or written as split-K partials, so the
+reduce, bias and norms are unchanged, the fused forms included. The product comes in x's
+dtype. cuBLAS cannot take the weight, so the table never sends it there
+(``gemv_config.fp8_config``); rows past MAX_ROWS go to fp8_gemm.py: its weight-only GEMM
+below ``w8a8_min_rows``, the W8A8 GEMM from there on.
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ import triton.language as tl
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.ops.native.linear import linear as native_linear
-from atom_kernels_triton import tuning
+from atom_core.quant.fp8 import Fp8Weight, uses_w8a8
+from atom_kernels_triton import fp8_gemm, tuning
 from atom_kernels_triton.activation import silu_and_mul
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_kernels_triton.gemv_config import (
@@ -108,17 +118,29 @@ def _load_norm_x(ptrs, res_ptrs, nw_ptrs, sum_ptrs, mask, store_mask, HAS_RES: t
 
 
 @triton.jit
+def _as_operand(w, dtype, W_SCALE: tl.constexpr):
+    """A W tile as a ``tl.dot`` operand beside x's: e4m3 converted to x's dtype (exact in
+    bf16 and fp16), a 16-bit tile as it is."""
+    if W_SCALE:
+        return w.to(dtype)
+    else:
+        return w
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, x_stride, w_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
-    res_ptr, nw_ptr, sum_ptr, ss_ptr, eps, row_ss_ptr,
+    res_ptr, nw_ptr, sum_ptr, ss_ptr, eps, row_ss_ptr, w_scale_ptr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
     GATED: tl.constexpr, NORM: tl.constexpr, HAS_RES: tl.constexpr, FMA: tl.constexpr,
-    SWAP: tl.constexpr, ROW_SS: tl.constexpr,
+    SWAP: tl.constexpr, ROW_SS: tl.constexpr, W_SCALE: tl.constexpr,
 ):
     """ROW_SS > 0: x is a ``DeferredNorm``'s h * weight and row_ss_ptr its [ROW_SS, M] partial
     sums of h * h; each row of the product is scaled by 1/rms(h) at the end (here, or in the
-    split-K reduce)."""
+    split-K reduce). W_SCALE: W is e4m3 (an ``Fp8Weight``), converted as it is loaded, and
+    the product's columns are multiplied by w_scale_ptr's fp32 scales before anything else
+    (the store, the split-K partials): the reduce, bias and norms see a plain product."""
     pid_k = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -189,16 +211,16 @@ def _gemv_kernel(
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
         a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc_t = tl.dot(w, tl.trans(a))
+        acc_t = tl.dot(_as_operand(w, a.dtype, W_SCALE), tl.trans(a))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
-            acc_t = tl.dot(w, tl.trans(a), acc_t)
+            acc_t = tl.dot(_as_operand(w, a.dtype, W_SCALE), tl.trans(a), acc_t)
         acc = tl.trans(acc_t)
     else:
-        # 16-bit weights only (fp32 ones take the FMA path). The fused forms serve one row
+        # 16-bit or e4m3 weights (fp32 ones take the FMA path). The fused forms serve one row
         # (module docstring): no x transform on this path.
         tl.static_assert(not (NORM or GATED), "the fused forms run on the 1-row path only")
         # The W^T tile [BLOCK_K, BLOCK_N], addressed directly: contiguous along K, so the
@@ -206,13 +228,16 @@ def _gemv_kernel(
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
         a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(a, w_t, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+        acc = tl.dot(a, _as_operand(w_t, a.dtype, W_SCALE),
+                     tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a, w_t, acc)
+            acc = tl.dot(a, _as_operand(w_t, a.dtype, W_SCALE), acc)
+    if W_SCALE:
+        acc *= tl.load(w_scale_ptr + cols, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         offs = (pid_k * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
@@ -273,17 +298,24 @@ def _num_sms(device: torch.device) -> int:
 
 
 def supported(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, gated: bool = False,
-    fused: bool = False,
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None, *,
+    gated: bool = False, fused: bool = False,
 ) -> bool:
     """Whether the kernel serves this call (else ``linear`` falls back to ``F.linear``);
     ``gated``: x holds gate | up, twice weight's K wide (``silu_and_mul_linear``); ``fused``
     (``gated`` or a norm in the loads): one row only. Past MAX_ROWS rows, a weight with a
     32-row table entry (up to gemv_config.WIDE_ROWS rows) or a small weight
-    (gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES)."""
+    (gemv_config.ROW_BLOCKS_MAX_WEIGHT_BYTES). An ``Fp8Weight``: up to MAX_ROWS rows below
+    its ``w8a8_min_rows`` (more go to fp8_gemm.py)."""
     if x.dim() == 0 or x.shape[-1] == 0:
         return False
     rows = x.numel() // x.shape[-1]
+    if isinstance(weight, Fp8Weight):
+        return (
+            0 < rows <= (1 if fused or gated else MAX_ROWS)
+            and not uses_w8a8(x, weight)
+            and fp8_gemm.weight_ok(x, weight, bias, k_factor=2 if gated else 1)
+        )
     if fused or gated:
         rows_ok = rows == 1
     elif rows > MAX_ROWS:
@@ -312,20 +344,26 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def reads_deferred(x: torch.Tensor, reader: torch.Tensor | None) -> bool:
+def _elem_size(weight: torch.Tensor | Fp8Weight) -> int:
+    return 1 if isinstance(weight, Fp8Weight) else weight.element_size()
+
+
+def reads_deferred(x: torch.Tensor, reader: torch.Tensor | Fp8Weight | None) -> bool:
     """Whether ``linear`` with weight ``reader`` (None: a reader that always can) would read
-    a DeferredNorm of rows like x through the kernel, rather than norm them for cuBLAS."""
+    a DeferredNorm of rows like x through the kernel, rather than norm them for cuBLAS (or
+    for fp8_gemm.py's products)."""
     if reader is None:
         return True
     if not supported(x, reader, None):
         return False
     m, (n, k) = x.numel() // x.shape[-1], reader.shape
     table = tuning.table_for(OP, reader.device)
-    return get_config(m, n, k, reader.element_size(), _num_sms(reader.device), table) is not None
+    return get_config(m, n, k, _elem_size(reader), _num_sms(reader.device), table) is not None
 
 
 def _launch(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: GemvConfig | None,
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None,
+    config: GemvConfig | None,
     gated: bool,
     norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None, reduce: bool = True,
     deferred: DeferredNorm | None = None, add_norm: AddNorm | None = None,
@@ -337,7 +375,11 @@ def _launch(
     ``add_norm``: where the product goes through the split-K reduce (and has more than one
     row), the reduce finishes it and the product comes as a ``DeferredNorm``. Without
     ``reduce`` the product comes as [S, M, N] split-K partial sums, S = 1 when unsplit, for
-    the next kernel to add in order (``linear_partials``); no bias or norm then."""
+    the next kernel to add in order (``linear_partials``); no bias or norm then. An
+    ``Fp8Weight``'s product comes in x's dtype."""
+    fp8 = isinstance(weight, Fp8Weight)
+    w_scale = weight.scale if fp8 else None
+    weight = weight.qweight if fp8 else weight
     n, k = weight.shape
     x2 = _rows(x)
     m = x2.shape[0]
@@ -352,7 +394,7 @@ def _launch(
     # Each split covers whole BLOCK_K chunks, so no chunk straddles two splits.
     k_per_split = triton.cdiv(triton.cdiv(k, block_k), split_k) * block_k
     split_k = triton.cdiv(k, k_per_split)  # drops splits that would start past K
-    out = torch.empty((m, n), dtype=weight.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=x.dtype if fp8 else weight.dtype, device=x.device)
     part = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
             if split_k > 1 else out)
     has_bias = bias is not None
@@ -379,10 +421,10 @@ def _launch(
     _gemv_kernel[(triton.cdiv(n, block_n), split_k, triton.cdiv(m, block_m))](
         x2, x2.stride(0), weight, bias if has_bias else weight, out, part, m, n, k, k_per_split,
         res2, norm_weight, summed if summed is not None else x2, ss, eps, row_ss,
-        HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
+        w_scale if fp8 else out, HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         GATED=gated, NORM=norm is not None, HAS_RES=residual is not None, FMA=fma,
-        SWAP=block_m == WIDE_ROWS, ROW_SS=row_parts if split_k == 1 else 0,
+        SWAP=block_m == WIDE_ROWS, ROW_SS=row_parts if split_k == 1 else 0, W_SCALE=fp8,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl,
     )
     if not reduce:
@@ -411,13 +453,31 @@ def _launch(
     return out.view(*x.shape[:-1], n), summed.view(x.shape) if summed is not None else None
 
 
+def _fallback(
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The product where the GEMV does not serve it: cuBLAS for a plain weight; for an
+    ``Fp8Weight`` (which cuBLAS cannot take as it is) the W8A8 GEMM from its
+    ``w8a8_min_rows`` on, else the weight-only GEMM (fp8_gemm.py), and the reference
+    only where neither takes the call (an fp32 x, CPU tensors at W8A8 sizes)."""
+    if isinstance(weight, Fp8Weight):
+        if uses_w8a8(x, weight):
+            if fp8_gemm.w8a8_ok(x, weight, bias):
+                return fp8_gemm.w8a8_linear(x, weight, bias)
+        elif fp8_gemm.weight_ok(x, weight, bias):
+            return fp8_gemm.weight_only_linear(x, weight, bias)
+    return native_linear(x, weight, bias)
+
+
 def linear(
-    x: torch.Tensor | DeferredNorm, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    x: torch.Tensor | DeferredNorm, weight: torch.Tensor | Fp8Weight,
+    bias: torch.Tensor | None = None, *,
     config: GemvConfig | None = None, add_norm: AddNorm | None = None,
 ) -> torch.Tensor | DeferredNorm:
-    """x @ weight.T + bias, an fp32 weight promoting x (the native op's contract);
-    ``config`` overrides the table's block sizes (for tuning). x may be a ``DeferredNorm``
-    (its normed rows); with ``add_norm`` the result may come as one (deferred_norm.py)."""
+    """x @ weight.T + bias, an fp32 weight promoting x (the native op's contract), an
+    ``Fp8Weight``'s product in x's dtype; ``config`` overrides the table's block sizes (for
+    tuning). x may be a ``DeferredNorm`` (its normed rows); with ``add_norm`` the result
+    may come as one (deferred_norm.py)."""
     if isinstance(x, DeferredNorm):
         res = _launch(x.scaled, weight, bias, config, gated=False, deferred=x, add_norm=add_norm) \
             if supported(x.scaled, weight, bias) else None
@@ -426,21 +486,21 @@ def linear(
         x = normed(x, rms_norm)
     ok = supported(x, weight, bias)
     res = _launch(x, weight, bias, config, gated=False, add_norm=add_norm) if ok else None
-    return native_linear(x, weight, bias) if res is None else res[0]
+    return _fallback(x, weight, bias) if res is None else res[0]
 
 
-def linear_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear_partials(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """x [M, K] @ weight.T as [S, M, N] partial sums whose sum over S, taken in order, is
     what ``linear`` returns bit for bit (S = 1 where the product is not split along K): the
     split-K reduce left to the kernel that reads the product, one launch fewer. The MoE
     router's logits go this way into the top-k kernel (``moe_topk.route``)."""
     ok = supported(x, weight, None)
     res = _launch(x, weight, None, None, gated=False, reduce=False) if ok else None
-    return native_linear(x, weight)[None] if res is None else res[0]
+    return _fallback(x, weight, None)[None] if res is None else res[0]
 
 
 def silu_and_mul_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None, *,
     config: GemvConfig | None = None, add_norm: AddNorm | None = None,
 ) -> torch.Tensor | DeferredNorm:
     """``linear(silu_and_mul(x), weight, bias)``, x [..., 2K] (gate | up) and weight [N, K]:
@@ -458,7 +518,7 @@ def rms_norm_linear(
     residual: torch.Tensor | None,
     norm_weight: torch.Tensor,
     eps: float,
-    weight: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     *,
     config: GemvConfig | None = None,
@@ -469,7 +529,7 @@ def rms_norm_linear(
     else the norm op and ``linear``."""
     ok = (
         supported(x, weight, bias, fused=True)
-        and x.dtype == weight.dtype
+        and (isinstance(weight, Fp8Weight) or x.dtype == weight.dtype)
         and norm_weight.shape == (x.shape[-1],)
         and norm_weight.is_contiguous()
         and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype))

@@ -1,5 +1,6 @@
 """Block sizes for the ``linear`` op (gemv.py): the device's measured table, and a heuristic
-for shapes it lacks.
+for shapes it lacks. e4m3 weights (``Fp8Weight``) derive theirs from the 16-bit ones
+(``fp8_config``).
 
 The table (``configs/gemv/<device>.json``, see tuning.py) maps (N, K) and a row bucket (1,
 2, 4, ..., 16, and WIDE_ROWS) to the fastest config ``bench/gemv.py`` swept where it beat
@@ -121,21 +122,49 @@ def _fma_config(m: int, n: int, k: int, vec: int, target: int) -> GemvConfig:
     return GemvConfig(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4, num_stages=2)
 
 
+def _tuned(m: int, per_m: dict[int, GemvConfig | None]) -> GemvConfig | None:
+    buckets = [b for b in per_m if b <= MAX_ROWS]  # 16-row tiles (past MAX_ROWS: row blocks)
+    # The nearest tuned bucket at or above this one, else the largest tuned.
+    above = [b for b in buckets if b >= m_bucket(m)]
+    return per_m[min(above) if above else max(buckets)]
+
+
 def get_config(
     m: int, n: int, k: int, elem_size: int, num_sms: int = H200_SMS,
     table: GemvTable | None = None,
 ) -> GemvConfig | None:
-    """The config for an [m, k] x [n, k]^T product, or None where cuBLAS is faster.
-    ``table``: the weight's device's (default: the current device's)."""
+    """The config for an [m, k] x [n, k]^T product, or None where cuBLAS is faster (never
+    for e4m3 weights: ``fp8_config``). ``table``: the weight's device's (default: the
+    current device's)."""
     table = _current() if table is None else table
+    if elem_size == 1:
+        return fp8_config(m, n, k, num_sms, table)
     wide = wide_config(m, n, k, elem_size, table)
     if wide is not None:
         return wide
     # The table was measured on 2-byte weights; fp32 tiles that size overflow shared memory.
     per_m = table.get((n, k)) if elem_size == 2 else None
     if per_m:
-        buckets = [b for b in per_m if b <= MAX_ROWS]  # 16-row tiles (past MAX_ROWS: row blocks)
-        # The nearest tuned bucket at or above this one, else the largest tuned.
-        above = [b for b in buckets if b >= m_bucket(m)]
-        return per_m[min(above) if above else max(buckets)]
+        return _tuned(m, per_m)
     return default_config(m, n, k, elem_size, num_sms)
+
+
+def fp8_config(
+    m: int, n: int, k: int, num_sms: int = H200_SMS, table: GemvTable | None = None
+) -> GemvConfig:
+    """The config for an e4m3 W (an ``Fp8Weight``'s, converted as it loads), m <= MAX_ROWS.
+    Never None: cuBLAS cannot take the weight. The 16-bit entry where the table has one
+    (the same tiles stream half the bytes), else the 16-bit heuristic; on the 1-row path
+    BLOCK_K doubles where the fp32 tile stays within the 8192 values of the 16-bit sweep's
+    largest and each split keeps a chunk: a 16-byte load then holds 16 values, as it holds
+    8 of a 16-bit W. The ``tl.dot`` path keeps BLOCK_K: its W tile, converted to x's dtype
+    for the dot, is as large in registers as a 16-bit one."""
+    per_m = (_current() if table is None else table).get((n, k))
+    config = _tuned(m, per_m) if per_m and min(per_m) <= MAX_ROWS else None
+    if config is None:
+        config = default_config(m, n, k, 2, num_sms)
+    block_k = config["BLOCK_K"]
+    if (m == 1 and config["BLOCK_N"] * block_k * 2 <= 8192 and block_k * 2 <= _next_power_of_2(k)
+            and _cdiv(k, 2 * block_k) >= config["SPLIT_K"]):
+        config = GemvConfig(**{**config, "BLOCK_K": 2 * block_k})
+    return config
