@@ -1,4 +1,9 @@
-"""KV-cache write: each new token's K and V into its paged slot; slot -1 (padding) skips."""
+"""KV-cache write: each new token's K and V into its paged slot; slot -1 (padding) skips.
+
+An fp8 (float8_e4m3fn) cache (``--kv_cache_dtype fp8``, scale one) stores each value as the
+native ``store_rows`` does: saturated to +-448, rounded to nearest even. ``to_cache`` is
+that conversion for every Triton kernel that writes a cache; kernels read such a cache by
+converting each loaded tile to their compute dtype."""
 
 from __future__ import annotations
 
@@ -7,6 +12,39 @@ import triton
 import triton.language as tl
 
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
+
+
+@triton.jit
+def _saturate_e4m3(x):
+    """fp32 ``x`` clamped to e4m3's +-448 and rounded to nearest even, as float8e4nv.
+
+    The rounding is done on fp32 bits, and the final cast only meets values e4m3 holds
+    exactly: Triton's interpreter rounds an inexact float-to-fp8 cast wrongly (it drops the
+    mantissa's carry into the exponent), so the CPU tests and the GPU run the same math."""
+    a = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    bits = a.to(tl.int32, bitcast=True)
+    # A normal e4m3 value (|a| >= 2^-6) keeps 3 of fp32's 23 mantissa bits: round the low 20
+    # to nearest even; a carry moves into the exponent, as it should.
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    # Below 2^-6, e4m3 is subnormal, in steps of 2^-9: the fp32 ulp of 2^14, so adding 2^14
+    # rounds |a| to a step (nearest even) and the mantissa bits above 2^14's count the steps.
+    steps = (tl.abs(a) + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
+    tiny = steps.to(tl.float32) * 0.001953125
+    tiny = tl.where(bits < 0, -tiny, tiny)  # by the sign bit: -0.0 stays -0.0
+    q = tl.where(tl.abs(a) < 0.015625, tiny, normal)
+    # NaN stays NaN (on GPUs; the interpreter's cast of a NaN gives a finite code).
+    return tl.where(x != x, x, q).to(tl.float8e4nv)
+
+
+@triton.jit
+def to_cache(x, cache_ptr):
+    """``x`` as the cache at ``cache_ptr`` stores it: a cast, or for an fp8 cache the
+    saturated e4m3 value (``store_rows``'). The branch is resolved at compile time."""
+    if cache_ptr.dtype.element_ty == tl.float8e4nv:
+        y = _saturate_e4m3(x.to(tl.float32))
+    else:
+        y = x.to(cache_ptr.dtype.element_ty)
+    return y
 
 
 @triton.jit
@@ -22,15 +60,16 @@ def _write_kv_kernel(k_ptr, k_stride, v_ptr, v_stride, cache_ptr, v_offset, slot
     k = tl.load(k_ptr + tok * k_stride + cols, mask=mask)
     v = tl.load(v_ptr + tok * v_stride + cols, mask=mask)
     dst = cache_ptr + slot * width + cols
-    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + v_offset, v.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst, to_cache(k, cache_ptr), mask=mask)
+    tl.store(dst + v_offset, to_cache(v, cache_ptr), mask=mask)
 
 
 def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """k, v: [T, kv_heads * head_dim] (rows may be strided); kv_cache: contiguous
-    [2, num_blocks, block_size, kv_heads, head_dim]; writes in place, no host sync."""
+    [2, num_blocks, block_size, kv_heads, head_dim], of the inputs' dtype or float8_e4m3fn;
+    writes in place, no host sync."""
     num_tokens = k.shape[0]
     k2, v2 = k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)
     if k2.stride(-1) != 1:
