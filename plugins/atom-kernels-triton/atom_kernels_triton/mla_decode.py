@@ -11,6 +11,10 @@ seq_lens tensor), so a grid that depends only on tensor shapes - what a CUDA gra
 fills the GPU at batch 1; partials carry an fp32 log-sum-exp and a second kernel merges
 them. A sequence of length 0 (a graph's padding row) reads no cache and yields zeros.
 
+The cache may be float8_e4m3fn (scale one): latent tiles are converted to the queries' dtype
+as they are loaded, and the latent write stores values saturated (kv_cache.py's
+``to_cache``).
+
 Its merge is not decode_attention's: that one finds a sequence's output row through
 query_start_loc and holds a whole head's partials at once, which for a 512-wide latent
 is [splits, 512] fp32 per program; this one indexes rows directly and merges the latent
@@ -26,6 +30,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels_triton.decode_attention import num_kv_splits
+from atom_kernels_triton.kv_cache import to_cache
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 
@@ -100,7 +105,7 @@ def _mla_decode_kernel(
         nmask = offs_n < end
         blk = tl.load(bt_row + offs_n // block_size, mask=nmask, other=0).to(tl.int64)
         row = cache_ptr + blk * stride_blk + (offs_n % block_size) * stride_slot
-        # The casts are no-ops unless the cache's dtype differs from the queries'.
+        # The casts are no-ops unless the cache's dtype differs from the queries' (fp8).
         kv = tl.load(row[:, None] + offs_l[None, :], mask=nmask[:, None] & lmask[None, :],
                      other=0.0).to(q.dtype)
         k_pe = tl.load(row[:, None] + RANK + offs_r[None, :], mask=nmask[:, None] & rmask[None, :],
@@ -168,7 +173,7 @@ def mla_num_splits(num_seqs: int, num_heads: int, num_sms: int, config: MLADecod
 def mla_decode_attention(
     q_latent: torch.Tensor,  # [S, H, rank]: q_nope absorbed through W_UK
     q_pe: torch.Tensor,  # [S, H, rope], rotated
-    kv_cache: torch.Tensor,  # [num_blocks, block_size, rank + rope]
+    kv_cache: torch.Tensor,  # [num_blocks, block_size, rank + rope]; q's dtype or fp8 e4m3
     block_tables: torch.Tensor,  # [S, max_blocks] int32
     seq_lens: torch.Tensor,  # [S]; 0 reads nothing and yields zeros
     scale: float,
@@ -238,7 +243,7 @@ def _write_latent_kernel(kvc_ptr, kvc_stride, kpe_ptr, kpe_stride, cache_ptr, sl
     in_pe = (cols >= RANK) & (cols < RANK + ROPE)
     c = tl.load(kvc_ptr + tok * kvc_stride + cols, mask=in_c, other=0.0)
     pe = tl.load(kpe_ptr + tok * kpe_stride + (cols - RANK), mask=in_pe, other=0.0)
-    row = tl.where(in_c, c.to(cache_ptr.dtype.element_ty), pe.to(cache_ptr.dtype.element_ty))
+    row = tl.where(in_c, to_cache(c, cache_ptr), to_cache(pe, cache_ptr))
     tl.store(cache_ptr + slot * (RANK + ROPE) + cols, row, mask=cols < RANK + ROPE)
 
 
@@ -246,7 +251,8 @@ def write_latent_cache(
     kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Store each new token's ``[kv_c | k_pe]`` at its slot of a contiguous
-    ``[num_blocks, block_size, rank + rope]`` cache; slot -1 (padding) writes nothing.
+    ``[num_blocks, block_size, rank + rope]`` cache (an fp8 one gets the values saturated, as
+    the native ``store_rows`` stores them); slot -1 (padding) writes nothing.
     One launch, no host sync: safe inside a CUDA graph."""
     num_tokens, rank = kv_c.shape
     rope = k_pe.shape[1]

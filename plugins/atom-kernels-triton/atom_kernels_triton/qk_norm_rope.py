@@ -1,6 +1,7 @@
 """Qwen3's attention input in one launch: per-head RMSNorm of q and k, RoPE, and the paged
 KV-cache write of k and v. One program per token, all its heads; q, k and v are read once
-from the qkv projection's output and k/v written straight into their cache slot."""
+from the qkv projection's output and k/v written straight into their cache slot (an fp8
+cache gets them saturated, as kv_cache.py's ``to_cache`` stores them)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels_triton.kv_cache import to_cache
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 from atom_kernels_triton.rotary import rope_pairs
 
@@ -83,8 +85,8 @@ def _qk_norm_rope_cache_kernel(
         cols = h[:, None] * head_size + d[None, :]
         v = tl.load(v_ptr + tok * v_stride + cols, mask=mask)
         dst = cache_ptr + slot * (k_heads * head_size) + cols
-        tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + v_offset, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst, to_cache(k, cache_ptr), mask=mask)
+        tl.store(dst + v_offset, to_cache(v, cache_ptr), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
