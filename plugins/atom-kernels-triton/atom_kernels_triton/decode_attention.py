@@ -10,6 +10,11 @@ saving a merge kernel's launch and gap a layer in batch-1 decode graphs.
 
 Everything the kernels read about the batch is in tensors; nothing depends on host values
 but the grid, which depends only on tensor shapes.
+
+The cache may be float8_e4m3fn (scale one): each K/V tile is converted to the query's dtype
+as it is loaded, and the fused input stores the new row saturated (kv_cache.py's
+``to_cache``) and attends to that stored value, so the result is attention over the
+dequantized cache either way. For a cache of the query's dtype the conversions are no-ops.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels_triton.kv_cache import to_cache
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 from atom_kernels_triton.qk_norm_rope import norm_rope_rows
 
@@ -118,9 +124,11 @@ def _tile_rows(bt_row, n0, end, kvh, block_size, stride_blk, stride_slot, stride
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N: tl.constexpr):
+def _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N: tl.constexpr,
+             DTYPE: tl.constexpr):
     """Tokens n0..n0+BLOCK_N of a sequence (those < end), whose cache offsets are ``rows``:
-    K, V, the token mask, the tokens, and the offsets and mask the K/V loads used.
+    K, V (in DTYPE, the compute dtype), the token mask, the tokens, and the offsets and mask
+    the K/V loads used.
 
     K and V are loaded together from one offset tensor. This exact form ran faster in the
     model on an H200 (bench/decode_latency.py) than the loop written inline, each load
@@ -131,8 +139,8 @@ def _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N: tl.constexpr):
     nmask = offs_n < end
     kv_ptrs = rows[:, None] + offs_d[None, :]
     kv_mask = nmask[:, None] & dmask[None, :]
-    k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-    v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+    k = tl.load(k_ptr + kv_ptrs, mask=kv_mask, other=0.0).to(DTYPE)
+    v = tl.load(v_ptr + kv_ptrs, mask=kv_mask, other=0.0).to(DTYPE)
     return k, v, nmask, offs_n, kv_ptrs, kv_mask
 
 
@@ -162,7 +170,8 @@ def _decode_kernel(
     program norms and rotates its query heads itself; the program whose split holds the
     sequence's newest row computes that token's K/V (norm and RoPE on k), stores them in the
     cache before its loop reads them (a CTA barrier orders its own threads), and patches them
-    into a tile it preloaded before the store. That is Qwen3's attention input
+    into a tile it preloaded before the store: as stored, so from an fp8 cache the
+    saturated value, converted back as every loaded tile is. That is Qwen3's attention input
     (``qk_norm_rope_cache_write``) without its own launch. The loop's tiles are not patched
     in registers: an op between a load and its tl.dot stops Triton pipelining the loads.
 
@@ -173,6 +182,7 @@ def _decode_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    DTYPE = q_ptr.dtype.element_ty  # what K/V tiles are computed in, whatever the cache holds
     if HAS_SEQ_IDX:
         # A negative entry is padding (a captured step's unused decode capacity): it reads
         # sequence 0 as an empty context and stores nothing. Masks, not an early return,
@@ -209,7 +219,7 @@ def _decode_kernel(
         # kernel before this one may be writing now (more than one where a sequence's draft
         # tokens run as decode rows of their own). They are reloaded after the wait, from L2.
         k, v, nmask, offs_n, kv_ptrs, kv_mask = _kv_tile(
-            k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N
+            k_ptr, v_ptr, rows, start, end, offs_d, dmask, BLOCK_N, DTYPE
         )
         first = start + BLOCK_N
         rows = _tile_rows(bt_row, first, end, kvh, block_size, stride_blk, stride_slot, stride_head,
@@ -221,10 +231,10 @@ def _decode_kernel(
     if PRELOAD:
         if not FUSED_INPUT:
             newest = kv_mask & (offs_n >= seq_len - fresh)[:, None]
-            k = tl.where(newest,
-                         tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), k)
-            v = tl.where(newest,
-                         tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0, cache_modifier=".cg"), v)
+            k = tl.where(newest, tl.load(k_ptr + kv_ptrs, mask=newest, other=0.0,
+                                         cache_modifier=".cg").to(DTYPE), k)
+            v = tl.where(newest, tl.load(v_ptr + kv_ptrs, mask=newest, other=0.0,
+                                         cache_modifier=".cg").to(DTYPE), v)
     # Splits 0..n_active-1 hold tokens. In the preloading (many-split) grids the others leave
     # here, past the wait (pdl.py), rather than run over an empty range and count toward the
     # merge (at 576 tokens, 23 of 32 splits are empty); split 0 stays for an empty sequence,
@@ -237,11 +247,11 @@ def _decode_kernel(
     if FUSED_INPUT:
         q = norm_rope_rows(q_ptr + row * q_stride_t + kvh * GROUP * head_dim, hmask, qw_ptr, eps,
                            cs, head_dim, rot_dim, IS_NEOX, BLOCK_H, BLOCK_D)
-        k_new = norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim, tl.arange(0, 1) < 1,
-                               kw_ptr, eps, cs, head_dim, rot_dim, IS_NEOX, 1,
-                               BLOCK_D).to(k_ptr.dtype.element_ty)
-        v_new = tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
-                        mask=dmask[None, :], other=0.0).to(v_ptr.dtype.element_ty)
+        k_new = to_cache(norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim,
+                                        tl.arange(0, 1) < 1, kw_ptr, eps, cs, head_dim, rot_dim,
+                                        IS_NEOX, 1, BLOCK_D), k_ptr)
+        v_new = to_cache(tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
+                                 mask=dmask[None, :], other=0.0), v_ptr)
         # This split owns the new row.
         if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):
             dst = ((slot // block_size) * stride_blk + (slot % block_size) * stride_slot
@@ -256,13 +266,15 @@ def _decode_kernel(
         )
     if PRELOAD:
         if FUSED_INPUT:
-            k, v = _with_new_row(k, v, k_new, v_new, offs_n, seq_len)
+            # The row as the loop would read it back from the cache.
+            k, v = _with_new_row(k, v, k_new.to(DTYPE), v_new.to(DTYPE), offs_n, seq_len)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     for n0 in range(first, end, BLOCK_N):
         next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk, stride_slot,
                                stride_head, BLOCK_N)
-        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N)
+        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N,
+                                        DTYPE)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         rows = next_rows
@@ -332,7 +344,7 @@ class NewTokenInput(NamedTuple):
 
 def paged_decode_attention(
     q: torch.Tensor,  # [T, H, D]; row query_start_loc[s] is sequence s's query
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D]; q's dtype or fp8 e4m3
     block_tables: torch.Tensor,  # [S, max_blocks] int32
     seq_lens: torch.Tensor,  # [S]
     query_start_loc: torch.Tensor,  # [S + 1]

@@ -17,6 +17,10 @@ Throughput choices (prefill is compute bound; these follow the FlashAttention-2 
   and a tile over several pages finds each key's block with a shift (no integer division).
   K/V offsets keep their 16-element alignment, so loads vectorize and pipeline (cp.async).
 
+The cache may be float8_e4m3fn (scale one): K/V tiles are converted to the query's dtype as
+they are loaded, then computed on as a cache of that dtype would be (a no-op conversion for
+one).
+
 GQA is not grouped into one program: rows of (head, position) pairs do the same FLOPs per
 K/V tile as rows of positions, so at a fixed tile size it saves no traffic; L2 serves the
 sibling heads' re-reads instead.
@@ -55,21 +59,22 @@ def _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
             stride_blk, stride_slot, kv_head_off, offs_d, dmask,
             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
             PAD_D: tl.constexpr, PRECISION: tl.constexpr):
-    """Online softmax over keys [lo, hi); MASKED applies the causal and length masks."""
+    """Online softmax over keys [lo, hi); MASKED applies the causal and length masks. K/V
+    are computed on in q's dtype, whatever the cache holds."""
     for n0 in range(lo, hi, BLOCK_N):
         kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
         ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
         if MASKED:
             offs_n = n0 + tl.arange(0, BLOCK_N)
             kv_mask = (offs_n < hi)[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + ptrs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + ptrs, mask=kv_mask, other=0.0)
+            k = tl.load(k_ptr + ptrs, mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(v_ptr + ptrs, mask=kv_mask, other=0.0).to(q.dtype)
         elif PAD_D:
-            k = tl.load(k_ptr + ptrs, mask=dmask[None, :], other=0.0)
-            v = tl.load(v_ptr + ptrs, mask=dmask[None, :], other=0.0)
+            k = tl.load(k_ptr + ptrs, mask=dmask[None, :], other=0.0).to(q.dtype)
+            v = tl.load(v_ptr + ptrs, mask=dmask[None, :], other=0.0).to(q.dtype)
         else:
-            k = tl.load(k_ptr + ptrs)
-            v = tl.load(v_ptr + ptrs)
+            k = tl.load(k_ptr + ptrs).to(q.dtype)
+            v = tl.load(v_ptr + ptrs).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if MASKED:
             # Keys past hi are past every real row's position; loaded as zeros, they reach
@@ -168,7 +173,8 @@ def tile_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int, int]:
 
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, H, D]
-    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D], new K/V already in
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D], new K/V already in;
+    # q's dtype or float8_e4m3fn
     block_tables: torch.Tensor,  # [S, max_blocks] int32
     seq_lens: torch.Tensor,  # [S]
     query_start_loc: torch.Tensor,  # [S + 1]
