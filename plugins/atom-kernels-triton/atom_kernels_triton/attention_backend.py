@@ -6,6 +6,9 @@ captured CUDA graph replays it for any contents of those tensors. Mixed and pref
 batches split decodes from prefills by the host-side query lengths when eager, and by the
 metadata's padded ``decode_seqs``/``prefill_seqs`` when captured: both kernels skip the
 -1 padding, and the prefill grid spans the step's padded token count.
+
+An fp8 (float8_e4m3fn) cache is read as the native backend reads it (scale one, each tile
+converted to the query's dtype) and written as it writes it (saturated to e4m3's range).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class TritonAttentionBackend(AttentionBackend):
     cuda_graph_safe = True
     step_graph_safe = True
     accepts_written_cache = True
+    fp8_kv_cache = True
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         super().__init__(num_heads, head_dim, num_kv_heads, scale)

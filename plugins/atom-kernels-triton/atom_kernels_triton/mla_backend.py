@@ -5,6 +5,7 @@ the queries, W_UV out of the latent result) and the kernel, all reading tensors 
 with grids from tensor shapes; so a captured CUDA graph replays it for any seq_lens.
 Mixed and prefill batches (always eager) go through the native backend's split of the
 batch: its decode rows come back here, its prefill chunks use native's expanded SDPA.
+An fp8 (float8_e4m3fn) cache is written saturated and read converted to the query's dtype.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class TritonMLABackend(NativeMLABackend):
     slot -1 (padding) is not stored and a context length of 0 attends to nothing."""
 
     cuda_graph_safe = True
+    fp8_kv_cache = True  # the latent write saturates; the kernel converts what it loads
     # native's forward (mixed batches) writes through this: one launch, slot -1 skipped.
     write_cache = staticmethod(write_latent_cache)
     _sms: int | None = None  # read on first use: no device query during graph capture
