@@ -2,9 +2,11 @@
 
 The W8A8 path of an ``Fp8Weight`` product (fp8_gemm.py) quantizes its input rows here
 before the fp8 tensor-core GEMM. The arithmetic is ``atom_core.quant.fp8.quantize_rows``'s,
-bit for bit: scale = max(amax / 448, MIN_SCALE) and q = clamp(x / scale, -448, 448) rounded
-to the nearest e4m3 value, ties to even, both divisions correctly rounded (``div_rn``: a
-plain ``/`` compiles to an approximate division on NVIDIA GPUs).
+bit for bit on the device it runs on: scale = max(amax / 448, MIN_SCALE) and
+q = clamp(x / scale, -448, 448) rounded to the nearest e4m3 value, ties to even, the
+division of x correctly rounded (``div_rn``: a plain ``/`` compiles to an approximate
+division on NVIDIA GPUs). amax / 448 is what torch computes for a tensor divided by a
+number: a division on CPU, on CUDA a product with the fp32 reciprocal of the number.
 
 One program per row: a row of the model's width (a few thousand values) is one tile held in
 registers between the max and the quantizing pass; wider rows take two passes over K.
@@ -20,8 +22,9 @@ from atom_core.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 # Rows up to this wide stay in registers between the two passes.
-MAX_ONE_TILE = 8192
+MAX_ONE_TILE = 16384
 _FP8_MAX = tl.constexpr(FP8_MAX)
+_INV_FP8_MAX = tl.constexpr(1.0 / FP8_MAX)
 _MIN_SCALE = tl.constexpr(MIN_SCALE)
 # Below 2^-6 e4m3 is subnormal, with a fixed quantum of 2^-9; adding 1.5 * 2^14, whose fp32
 # quantum is 2^-9, rounds to it (to nearest, ties to even) as the fp32 add rounds.
@@ -52,7 +55,7 @@ def _quantize(x, scale):
 @triton.jit
 def _quantize_rows_kernel(
     x_ptr, x_stride, q_ptr, s_ptr, K, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
-    PDL: tl.constexpr,
+    RECIPROCAL: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -69,7 +72,11 @@ def _quantize_rows_kernel(
             xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
             amax_k = tl.maximum(amax_k, tl.abs(xk))
         amax = tl.max(amax_k, axis=0)
-    scale = tl.maximum(tl.math.div_rn(amax, _FP8_MAX), _MIN_SCALE)
+    if RECIPROCAL:  # as torch's CUDA kernel divides a tensor by a number
+        scale = amax * _INV_FP8_MAX
+    else:
+        scale = tl.math.div_rn(amax, _FP8_MAX)
+    scale = tl.maximum(scale, _MIN_SCALE)
     tl.store(s_ptr + row, scale)
     if ONE_TILE:
         tl.store(q_row + ks, _quantize(x, scale).to(q_ptr.dtype.element_ty), mask=ks < K)
@@ -96,9 +103,10 @@ def quantize_rows(x: torch.Tensor, block_k: int | None = None
         return q, scale
     if block_k is None:
         block_k = min(triton.next_power_of_2(k), MAX_ONE_TILE)
-    num_warps = 8 if block_k >= 4096 else 4
+    # About 32 values a thread: one program streams a whole row.
+    num_warps = min(16, max(4, block_k // 1024))
     _quantize_rows_kernel[(m,)](
         x2, x2.stride(0), q, scale, k, BLOCK_K=block_k, ONE_TILE=block_k >= k,
-        num_warps=num_warps, **pdl_options(x.device),
+        RECIPROCAL=x.is_cuda, num_warps=num_warps, **pdl_options(x.device),
     )
     return q, scale
