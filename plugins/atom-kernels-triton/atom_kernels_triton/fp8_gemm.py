@@ -123,7 +123,10 @@ def _fp8_gemm_kernel(
     else:
         if HAS_BIAS:
             bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            acc += bias[:, None] if SWAP else bias[None, :]
+            if SWAP:
+                acc += bias[:, None]
+            else:
+                acc += bias[None, :]
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -153,20 +156,22 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def default_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
-    """Tiles from the shape alone. Up to 64 rows one M tile holds them all, the rows on the
-    N side of W x^T (SWAP), W's tile 64 features on the M side; more rows take 64-row
-    tiles of x W^T, 128 features wide. SPLIT_K (a power of two, each split >= 4 BLOCK_K
-    chunks) while the grid stays under one program per SM: the product is bound by reading
-    W up to a few hundred rows, and an idle SM streams nothing."""
+    """Tiles from the shape alone, after ``bench/fp8_linear.py --sweep`` on an H200 (Qwen3-8B's
+    projections at 32 to 200 rows). One M tile holds up to 64 rows: 32 rows as x W^T, 64
+    as W x^T (SWAP), W's tile 64 features wide; more rows take 64-row tiles against 128
+    features, BLOCK_K 64 (the W tile, converted to x's dtype in registers, grows with it).
+    SPLIT_K 4 where the tiles alone give under two programs per SM, else 2: up to a few
+    hundred rows the product is bound by reading W, and every split won in the sweep. Each
+    split keeps >= 4 BLOCK_K chunks."""
     if m <= 64:
-        block_m, block_n, swap = max(16, 1 << max(0, m - 1).bit_length()), 64, True
+        block_m = max(16, 1 << max(0, m - 1).bit_length())
+        block_n, block_k, swap = 64, 128, block_m == 64
     else:
-        block_m, block_n, swap = 64, 128, False
-    block_k = 128
-    programs = _cdiv(n, block_n) * _cdiv(m, block_m)
-    split_k = 1
-    while programs * split_k < num_sms and split_k < 8 and _cdiv(k, block_k) >= 8 * split_k:
-        split_k *= 2
+        block_m, block_n, block_k, swap = 64, 128, 64, False
+    tiles = _cdiv(n, block_n) * _cdiv(m, block_m)
+    split_k = 4 if tiles < 2 * num_sms else 2
+    while split_k > 1 and _cdiv(k, block_k) < 4 * split_k:
+        split_k //= 2
     return GemmConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
                       SWAP=swap, num_warps=4, num_stages=4)
 
@@ -232,12 +237,10 @@ def w8a8_linear(
 ) -> torch.Tensor:
     """x @ W^T + bias in x's dtype with x quantized per row (``w8a8_ok`` calls): the
     quantization kernel, then ``torch._scaled_mm`` with x's scales per row and W's per
-    column. The bias is added after, in x's dtype (row-wise scaling takes no bias)."""
+    column, the bias added in its epilogue."""
     q = weight.qweight
     n, k = q.shape
     xq, x_scale = quantize_rows(x)
     out = torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=weight.scale[None, :],
-                           out_dtype=x.dtype)
-    if bias is not None:
-        out += bias
+                           bias=bias, out_dtype=x.dtype)
     return out.view(*x.shape[:-1], n)
