@@ -153,18 +153,31 @@ def fp8_config(
     m: int, n: int, k: int, num_sms: int = H200_SMS, table: GemvTable | None = None
 ) -> GemvConfig:
     """The config for an e4m3 W (an ``Fp8Weight``'s, converted as it loads), m <= MAX_ROWS.
-    Never None: cuBLAS cannot take the weight. The 16-bit entry where the table has one
-    (the same tiles stream half the bytes), else the 16-bit heuristic; on the 1-row path
-    BLOCK_K doubles where the fp32 tile stays within the 8192 values of the 16-bit sweep's
-    largest and each split keeps a chunk: a 16-byte load then holds 16 values, as it holds
-    8 of a 16-bit W. The ``tl.dot`` path keeps BLOCK_K: its W tile, converted to x's dtype
-    for the dot, is as large in registers as a 16-bit one."""
+    Never None: cuBLAS cannot take the weight.
+
+    One row: the 16-bit entry where the table has one (the same tiles stream half the
+    bytes), else the 16-bit heuristic, with BLOCK_K doubled where the fp32 tile stays
+    within the 8192 values of the 16-bit sweep's largest and each split keeps a chunk: a
+    16-byte load then holds 16 values, as it holds 8 of a 16-bit W.
+
+    More rows (``tl.dot``, the W tile converted to x's dtype in registers): the 16-bit
+    entries ran the fp8 product up to twice slower than these rules, which
+    ``bench/fp8_linear.py --sweep`` found fastest on an H200 at 4 and 16 rows of Qwen3-8B's
+    projections: BLOCK_N 64 where that alone gives two programs per SM, with BLOCK_K 128;
+    else BLOCK_N 32, BLOCK_K 256 up to 4 rows, 512 above; two splits along K."""
+    if m > 1:
+        block_n = 64 if _cdiv(n, 64) >= 2 * num_sms else 32
+        block_k = 128 if block_n == 64 else 256 if m <= 4 else 512
+        block_k = max(16, min(block_k, _next_power_of_2(k)))
+        split_k = 2 if _cdiv(k, block_k) >= 4 else 1
+        return GemvConfig(BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=4,
+                          num_stages=4)
     per_m = (_current() if table is None else table).get((n, k))
     config = _tuned(m, per_m) if per_m and min(per_m) <= MAX_ROWS else None
     if config is None:
         config = default_config(m, n, k, 2, num_sms)
     block_k = config["BLOCK_K"]
-    if (m == 1 and config["BLOCK_N"] * block_k * 2 <= 8192 and block_k * 2 <= _next_power_of_2(k)
+    if (config["BLOCK_N"] * block_k * 2 <= 8192 and block_k * 2 <= _next_power_of_2(k)
             and _cdiv(k, 2 * block_k) >= config["SPLIT_K"]):
         config = GemvConfig(**{**config, "BLOCK_K": 2 * block_k})
     return config

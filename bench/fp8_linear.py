@@ -1,0 +1,288 @@
+"""FP8 linear layers (``--quantization fp8``) against bf16, by rows: where W8A8 overtakes the
+weight-only product (``Fp8Weight.w8a8_min_rows``).
+
+    python bench/fp8_linear.py [--model qwen3-8b] [--rows 1 4 16 32 64 128 256 512 1024 4096]
+        [--calls 20] [--sweep] [--json bench/results/fp8_linear.json]
+    python bench/fp8_linear.py --dry-run    # CPU: the plan, and each path once, small
+
+For each of the model's decoder projections (qkv, o, gate_up, down; not the LM head) and
+each row count, four products, each timed as a CUDA graph of ``--calls`` back-to-back
+calls that cycle through enough weight copies to overflow L2 (as a step's layers each read
+their own weight), median replay:
+
+- ``cuBLAS``: ``F.linear`` on the bf16 weight;
+- ``bf16 op``: the Triton ``linear`` op on the bf16 weight (its GEMV where the table says,
+  else cuBLAS: what a bf16 model runs today);
+- ``fp8 w-only``: the ``linear`` op on an ``Fp8Weight`` whose ``w8a8_min_rows`` is never
+  reached (the fp8 GEMV up to gemv_config.MAX_ROWS rows, the weight-only GEMM past it);
+- ``fp8 w8a8``: the op on an ``Fp8Weight`` with ``w8a8_min_rows`` 1 (per-row quantization
+  and ``torch._scaled_mm``), and ``quant``: the quantization kernel alone.
+
+Each in us, with TB/s (weight + x + output bytes: the weight's own size, bf16 activations)
+and TFLOP/s (2 M N K). The summary gives, per projection, the smallest row count from which
+W8A8 is at least as fast as weight-only at every larger count measured, and the sum over
+the four projections. ``--sweep`` also times candidate tiles of the fp8 paths (the GEMV's
+for rows up to MAX_ROWS, fp8_gemm's weight-only GEMM past them) and prints the fastest
+beside the default. Writes every timing to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if "--dry-run" in sys.argv and not torch.cuda.is_available():
+    # Triton kernels on CPU tensors run through the interpreter, switched on before import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.nn.functional as F  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from atom_kernels_triton import fp8_gemm  # noqa: E402
+from atom_kernels_triton.fp8_gemm import GemmConfig  # noqa: E402
+from atom_kernels_triton.fp8_quant import quantize_rows  # noqa: E402
+from atom_kernels_triton.gemv import linear  # noqa: E402
+from atom_kernels_triton.gemv_config import MAX_ROWS, GemvConfig, fp8_config  # noqa: E402
+from common import graph_us, load_config, write_json  # noqa: E402
+
+from atom_core.quant.fp8 import Fp8Weight, fp8_linear, quantize_weight  # noqa: E402
+
+ROWS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096]
+NEVER = 1 << 62  # a w8a8_min_rows no batch reaches
+TOLERANCE = 1.6e-2  # bf16 output against the fp32 reference
+PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8")
+
+
+def projections(cfg: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(name, N, K) of a dense decoder's four projections."""
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    qkv = (heads + 2 * cfg["num_key_value_heads"]) * head_dim
+    inter = cfg["intermediate_size"]
+    return [("qkv_proj", qkv, hidden), ("o_proj", hidden, heads * head_dim),
+            ("gate_up", 2 * inter, hidden), ("down", hidden, inter)]
+
+
+def gemm_candidates(m: int) -> list[GemmConfig]:
+    """The weight-only GEMM's sweep: one M tile up to 64 rows (either orientation), 64 and
+    128-row tiles past that, on 4 or 8 warps."""
+    if m <= 64:
+        block_ms = [max(16, 1 << (m - 1).bit_length())]
+        grid = itertools.product(block_ms, (64, 128), (128, 256), (1, 2, 4), (True, False), (4,),
+                                 (4,))
+    else:
+        grid = itertools.product((64, 128), (128,), (64, 128), (1, 2), (True, False), (4, 8),
+                                 (4,))
+    return [GemmConfig(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, SWAP=sw, num_warps=w,
+                       num_stages=st) for bm, bn, bk, s, sw, w, st in grid]
+
+
+def gemv_candidates(m: int, k: int) -> list[GemvConfig]:
+    """The fp8 GEMV's sweep: the 1-row path's fp32 tile within 8192 values, BLOCK_K up to
+    2048 (16 e4m3 values a 16-byte load); the tl.dot path's tiles."""
+    if m == 1:
+        grid = itertools.product((4, 8, 16), (512, 1024, 2048), (1, 2), (4,), (2,))
+    else:
+        grid = itertools.product((32, 64), (128, 256, 512), (1, 2), (4,), (4,))
+    out = []
+    for bn, bk, split, warps, stages in grid:
+        if (m == 1 and bn * bk > 8192) or bk > k or math.ceil(k / bk) < 2 * split:
+            continue
+        out.append(GemvConfig(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps,
+                              num_stages=stages))
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def with_min_rows(w: Fp8Weight, rows: int) -> Fp8Weight:
+    return Fp8Weight(w.qweight, w.scale, rows)
+
+
+def bench_projection(
+    proj: str, n: int, k: int, rows: list[int], calls: int, sweep: bool, l2_bytes: int,
+) -> list[dict[str, Any]]:
+    copies = max(1, min(calls, math.ceil(4 * l2_bytes / (n * k))))
+    bf16 = [(torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
+            for _ in range(copies)]
+    fp8 = [quantize_weight(w) for w in bf16]
+    results = []
+
+    def timed(fn: Callable[..., Any], x: torch.Tensor, weights: list[Any]) -> float:
+        return graph_us([lambda w=weights[i % copies]: fn(x, w) for i in range(calls)])
+
+    for m in rows:
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        wonly = [with_min_rows(w, NEVER) for w in fp8]
+        w8a8 = [with_min_rows(w, 1) for w in fp8]
+        r: dict[str, Any] = {"proj": proj, "N": n, "K": k, "M": m,
+                             "flop": 2 * m * n * k}
+        r["cublas_us"] = timed(F.linear, x, bf16)
+        r["bf16_op_us"] = timed(linear, x, bf16)
+        r["fp8_wonly_us"] = timed(linear, x, wonly)
+        r["fp8_w8a8_us"] = timed(linear, x, w8a8)
+        r["quant_us"] = graph_us([lambda x=x: quantize_rows(x)] * calls)
+        for path, elem in (("cublas", 2), ("bf16_op", 2), ("fp8_wonly", 1), ("fp8_w8a8", 1)):
+            r[f"{path}_bytes"] = n * k * elem + 2 * m * (k + n)
+        ref = fp8_linear(x, fp8[0], w8a8=False)
+        r["fp8_wonly_err"] = rel_err(linear(x, wonly[0]), ref)
+        r["fp8_w8a8_err"] = rel_err(linear(x, w8a8[0]), fp8_linear(x, fp8[0], w8a8=True))
+        if sweep:
+            r["sweep"] = sweep_point(x, wonly, ref, calls, copies)
+        print(row_line(r), flush=True)
+        results.append(r)
+    bf16.clear()
+    fp8.clear()
+    torch.cuda.empty_cache()
+    return results
+
+
+def sweep_point(x: torch.Tensor, weights: list[Fp8Weight], ref: torch.Tensor, calls: int,
+                copies: int) -> dict[str, Any]:
+    """The weight-only path's candidate tiles at x's rows: {"default", "best", "all"}."""
+    m, k = x.shape
+    n = weights[0].qweight.shape[0]
+    if m <= MAX_ROWS:
+        default: dict[str, Any] = dict(fp8_config(m, n, k))
+        space = [default, *gemv_candidates(m, k)]
+
+        def run(c: dict[str, Any]) -> Callable[[Fp8Weight], torch.Tensor]:
+            return lambda w: linear(x, w, config=GemvConfig(**c))
+    else:
+        default = dict(fp8_gemm.default_config(m, n, k, torch.cuda.get_device_properties(0)
+                                               .multi_processor_count))
+        space = [default, *gemm_candidates(m)]
+
+        def run(c: dict[str, Any]) -> Callable[[Fp8Weight], torch.Tensor]:
+            return lambda w: fp8_gemm.weight_only_linear(x, w, config=GemmConfig(**c))
+    rows = []
+    for c in space:
+        fn = run(c)
+        try:
+            if rel_err(fn(weights[0]), ref) >= TOLERANCE:
+                print(f"  M={m} {c}: off the reference, skipped", flush=True)
+                continue
+            us = graph_us([lambda w=weights[i % copies], fn=fn: fn(w) for i in range(calls)])
+        except Exception as e:  # out of shared memory / registers at compile time
+            print(f"  M={m} {c}: {type(e).__name__}, skipped", flush=True)
+            continue
+        rows.append({**c, "us": us})
+    best = min(rows, key=lambda r: r["us"])
+    print(f"  sweep M={m}: default {rows[0]['us']:.2f} us, best {best['us']:.2f} us {best}",
+          flush=True)
+    return {"default": rows[0], "best": best, "all": rows}
+
+
+HEADER = (f"{'proj':9} {'N':>6} {'K':>6} {'M':>5} | "
+          + " | ".join(f"{p:>10} us  TB/s TF/s" for p in PATHS) + f" | {'quant us':>8}")
+
+
+def row_line(r: dict[str, Any]) -> str:
+    def cell(path: str) -> str:
+        us = r[f"{path}_us"]
+        return f"{us:13.2f} {r[f'{path}_bytes'] / us / 1e6:5.2f} {r['flop'] / us / 1e6:4.0f}"
+
+    return (f"{r['proj']:9} {r['N']:6d} {r['K']:6d} {r['M']:5d} | "
+            + " | ".join(cell(p) for p in PATHS) + f" | {r['quant_us']:8.2f}")
+
+
+def crossover(results: list[dict[str, Any]]) -> int | None:
+    """The smallest M from which W8A8 is at least as fast as weight-only at every larger M
+    measured (None where weight-only wins at the largest)."""
+    found = None
+    for r in sorted(results, key=lambda r: -r["M"]):
+        if r["fp8_w8a8_us"] > r["fp8_wonly_us"]:
+            break
+        found = r["M"]
+    return found
+
+
+def summary(results: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for proj in dict.fromkeys(r["proj"] for r in results):
+        rs = [r for r in results if r["proj"] == proj]
+        lines.append(f"{proj:9} W8A8 >= weight-only from M = {crossover(rs)}")
+    for m in sorted({r["M"] for r in results}):
+        rs = [r for r in results if r["M"] == m]
+        tot = {p: sum(r[f"{p}_us"] for r in rs) for p in PATHS}
+        lines.append(f"M={m:5d}: four projections " + "  ".join(
+            f"{p} {tot[p]:8.1f} us" for p in PATHS))
+    lines.append(f"all four: W8A8 >= weight-only from M = {crossover_total(results)}")
+    return lines
+
+
+def crossover_total(results: list[dict[str, Any]]) -> int | None:
+    totals = [{"M": m, **{f"{p}_us": sum(r[f"{p}_us"] for r in results if r["M"] == m)
+                          for p in ("fp8_wonly", "fp8_w8a8")}}
+              for m in sorted({r["M"] for r in results})]
+    return crossover(totals)
+
+
+def dry_run(model: str, rows: list[int]) -> None:
+    """On CPU: the plan, and each fp8 path once on the projections scaled down 64 times
+    (the Triton kernels through the interpreter), against the reference."""
+    print(f"{model}: {len(projections(load_config(model)))} projections x {len(rows)} row "
+          f"counts {rows}; paths {', '.join(PATHS)} (CUDA only: the timings)")
+    for proj, n, k in projections(load_config(model)):
+        n, k = n // 64, k // 64
+        w = quantize_weight(torch.randn(n, k) / k**0.5)
+        for m in (1, MAX_ROWS + 1):
+            x = torch.randn(m, k).to(torch.float16)
+            err = rel_err(linear(x, with_min_rows(w, NEVER)), fp8_linear(x, w, w8a8=False))
+            print(f"  {proj} [{n} x {k}] M={m}: weight-only rel err {err:.2e}")
+        q, s = quantize_rows(x)
+        print(f"  {proj}: quantize_rows {tuple(q.shape)}, scales {tuple(s.shape)}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--rows", type=int, nargs="+", default=ROWS)
+    ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per CUDA graph")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time candidate tiles of the weight-only paths")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: print the plan and run each fp8 path once, small")
+    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fp8_linear.json")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.dry_run:
+        dry_run(args.model, args.rows)
+        return
+    if not torch.cuda.is_available():
+        sys.exit("bench/fp8_linear.py needs a CUDA GPU (--dry-run runs on CPU)")
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(props, "L2_cache_size", 0) or 60 << 20
+    print(f"{props.name}: L2 {l2_bytes >> 20} MiB, {args.calls} calls per graph")
+    print(HEADER, flush=True)
+    results = []
+    for proj, n, k in projections(load_config(args.model)):
+        results += bench_projection(proj, n, k, args.rows, args.calls, args.sweep, l2_bytes)
+    print("\n".join(summary(results)))
+    path = write_json(args.json, {"model": args.model, "calls_per_graph": args.calls,
+                                  "crossover_all": crossover_total(results),
+                                  "results": results})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
