@@ -118,11 +118,11 @@ def _load_norm_x(ptrs, res_ptrs, nw_ptrs, sum_ptrs, mask, store_mask, HAS_RES: t
 
 
 @triton.jit
-def _as_operand(w, dtype, W_SCALE: tl.constexpr):
-    """A W tile as a ``tl.dot`` operand beside x's: e4m3 converted to x's dtype (exact in
-    bf16 and fp16), a 16-bit tile as it is."""
+def _as_operand(w, a, W_SCALE: tl.constexpr):
+    """A W tile as a ``tl.dot`` operand beside x's tile ``a``: e4m3 converted to x's dtype
+    (exact in bf16 and fp16), a 16-bit tile as it is."""
     if W_SCALE:
-        return w.to(dtype)
+        return w.to(a.dtype)
     else:
         return w
 
@@ -211,13 +211,13 @@ def _gemv_kernel(
         w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
         pdl_wait(PDL)
         a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc_t = tl.dot(_as_operand(w, a.dtype, W_SCALE), tl.trans(a))
+        acc_t = tl.dot(_as_operand(w, a, W_SCALE), tl.trans(a))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=k_ok[None, :], other=0.0)
-            acc_t = tl.dot(_as_operand(w, a.dtype, W_SCALE), tl.trans(a), acc_t)
+            acc_t = tl.dot(_as_operand(w, a, W_SCALE), tl.trans(a), acc_t)
         acc = tl.trans(acc_t)
     else:
         # 16-bit or e4m3 weights (fp32 ones take the FMA path). The fused forms serve one row
@@ -228,14 +228,14 @@ def _gemv_kernel(
         w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
         pdl_wait(PDL)
         a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        acc = tl.dot(a, _as_operand(w_t, a.dtype, W_SCALE),
+        acc = tl.dot(a, _as_operand(w_t, a, W_SCALE),
                      tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + ks
             k_ok = kk < K
             a = tl.load(x_rows + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w_t = tl.load(w_cols + kk[:, None], mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(a, _as_operand(w_t, a.dtype, W_SCALE), acc)
+            acc = tl.dot(a, _as_operand(w_t, a, W_SCALE), acc)
     if W_SCALE:
         acc *= tl.load(w_scale_ptr + cols, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
