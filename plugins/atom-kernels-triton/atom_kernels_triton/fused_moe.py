@@ -17,6 +17,11 @@ few tiles, while at 16+ tokens the separate launches overlap their tiles better.
 says ``OVERLAP`` (2-32 tokens), 2's programs wait on their own block's gate/up tiles, not
 on the whole of 1, so the down tiles run while 1's last programs drain (``_down_kernel``).
 
+``Fp8Weight`` stacks (fused_moe_fp8.py) run in the same kernels: weight-only, the tiles
+convert the e4m3 weights as they load them and scale the accumulator per column; W8A8, the
+hidden rows are quantized before 1 and the intermediate between 1 and 2 (two plain launches
+then, whatever the config says), and the dots take e4m3 operands.
+
 The per-pair buffer, not atomic adds into [T, H]: the k contributions are then summed in
 a fixed order, so the output is bitwise reproducible run to run (atomics add in whatever
 order the programs finish), and it is as graph-safe (fixed shape). It costs T*k*H*4 bytes
@@ -30,9 +35,23 @@ import triton
 import triton.language as tl
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
+from atom_core.quant.fp8 import Fp8Weight
 from atom_kernels_triton import tuning
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
-from atom_kernels_triton.fused_moe_config import OP, MoeConfig, get_config
+from atom_kernels_triton.fused_moe_config import (
+    OP,
+    MoeConfig,
+    for_fp8_weights,
+    for_w8a8,
+    get_config,
+)
+from atom_kernels_triton.fused_moe_fp8 import (
+    W8A8,
+    WEIGHT_ONLY,
+    fp8_mode,
+    quantize_rows,
+    weight_operands,
+)
 from atom_kernels_triton.gemv import reads_deferred
 from atom_kernels_triton.moe_align import align_by_expert, aligned_capacity, pair_expert
 from atom_kernels_triton.occupancy import resident_programs
@@ -43,12 +62,15 @@ from atom_kernels_triton.pdl import pdl_launch_next, pdl_options, pdl_wait
 def _gate_up_tile(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
     pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
+    ws_ptr, ws_stride_e, xs_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_SS: tl.constexpr,
+    ROW_SS: tl.constexpr, W_FP8: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of block pid_m's ``silu(gate) * up``. ROW_SS > 0: x is a
     ``DeferredNorm``'s h * weight, and each token's gate and up rows are scaled by its 1/rms
-    (from ss_ptr's ROW_SS partial sums) before they are rounded."""
+    (from ss_ptr's ROW_SS partial sums) before they are rounded. W_FP8 (fused_moe_fp8's
+    formats): e4m3 weights with scales ws_ptr [E, 2I], and in W8A8 e4m3 rows x with scales
+    xs_ptr [T]."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pairs_ptr + rows)
     valid = pair < num_pairs
@@ -68,8 +90,27 @@ def _gate_up_tile(
         w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
         wg = tl.load(w_base + w_off, mask=w_mask, other=0.0)
         wu = tl.load(w_base + inter * w_stride_n + w_off, mask=w_mask, other=0.0)
-        gate = tl.dot(a, wg, gate, input_precision=PRECISION)
-        up = tl.dot(a, wu, up, input_precision=PRECISION)
+        if W_FP8 == 2:
+            # Hopper's e4m3 MMAs add into the accumulator at reduced precision; summed into
+            # fp32 once a K tile (as DeepSeek-V3 promotes every 128), the W8A8 output keeps
+            # the reference's accuracy (H200, DeepSeek-V2-Lite's 1024-token tiles: 1.5e-2
+            # rel. error to it without, 6.6e-3 with; 7% slower).
+            gate = tl.dot(a, wg, gate, max_num_imprecise_acc=BLOCK_K)
+            up = tl.dot(a, wu, up, max_num_imprecise_acc=BLOCK_K)
+        else:
+            if W_FP8 == 1:  # e4m3 values are exact in any model dtype
+                wg = wg.to(a.dtype)
+                wu = wu.to(a.dtype)
+            gate = tl.dot(a, wg, gate, input_precision=PRECISION)
+            up = tl.dot(a, wu, up, input_precision=PRECISION)
+    if W_FP8 == 2:
+        xs = tl.load(xs_ptr + token, mask=valid, other=0.0)[:, None]
+        gate *= xs
+        up *= xs
+    if W_FP8 > 0:
+        ws = ws_ptr + expert * ws_stride_e + cols
+        gate *= tl.load(ws, mask=col_ok, other=0.0)[None, :]
+        up *= tl.load(ws + inter, mask=col_ok, other=0.0)[None, :]
     if ROW_SS > 0:
         rs = row_rms_scale(ss_ptr, token, valid, num_tokens, hidden, eps, ROW_SS)[:, None]
         gate *= rs
@@ -88,11 +129,14 @@ def _gate_up_tile(
 def _down_tile(
     act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
     pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, routed_k, hidden, inter,
+    ws_ptr, ws_stride_e, aq_ptr, as_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ACT_CACHE: tl.constexpr,
+    ACT_CACHE: tl.constexpr, W_FP8: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] tile of block pid_m's expert outputs, weighted, into its pairs'
-    rows. ACT_CACHE: the intermediate's load cache modifier (".cg" where this launch wrote it)."""
+    rows. ACT_CACHE: the intermediate's load cache modifier (".cg" where this launch wrote it).
+    W_FP8: e4m3 weights with scales ws_ptr [E, H], and in W8A8 the intermediate read as e4m3
+    aq_ptr (act_ptr's layout) with row scales as_ptr."""
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pairs_ptr + rows)
     valid = pair < num_pairs
@@ -105,11 +149,23 @@ def _down_tile(
         kk = k0 + ks
         k_ok = kk < inter
         a_off = rows[:, None].to(tl.int64) * inter + kk[None, :]
-        a = tl.load(act_ptr + a_off, mask=valid[:, None] & k_ok[None, :], other=0.0,
-                    cache_modifier=ACT_CACHE)
+        a_mask = valid[:, None] & k_ok[None, :]
+        if W_FP8 == 2:
+            a = tl.load(aq_ptr + a_off, mask=a_mask, other=0.0, cache_modifier=ACT_CACHE)
+        else:
+            a = tl.load(act_ptr + a_off, mask=a_mask, other=0.0, cache_modifier=ACT_CACHE)
         w_off = kk[:, None] * w_stride_k + cols[None, :] * w_stride_n
         w = tl.load(w_base + w_off, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        if W_FP8 == 2:  # into fp32 once a K tile, as in _gate_up_tile
+            acc = tl.dot(a, w, acc, max_num_imprecise_acc=BLOCK_K)
+        else:
+            if W_FP8 == 1:
+                w = w.to(a.dtype)
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    if W_FP8 == 2:
+        acc *= tl.load(as_ptr + rows, mask=valid, other=0.0)[:, None]
+    if W_FP8 > 0:
+        acc *= tl.load(ws_ptr + expert * ws_stride_e + cols, mask=col_ok, other=0.0)[None, :]
     # Routed slots carry their routing weight ([T, routed_k]); shared experts' slots 1.0.
     t = pair // top_k
     j = pair - t * top_k
@@ -142,9 +198,9 @@ def _wait_block(ready_ptr, pid_m, up_tiles):
 def _gate_up_kernel(
     x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
     pairs_ptr, block_expert_ptr, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens, eps,
-    ready_ptr,
+    ready_ptr, ws_ptr, ws_stride_e, xs_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_SS: tl.constexpr, OVERLAP: tl.constexpr, PDL: tl.constexpr,
+    ROW_SS: tl.constexpr, OVERLAP: tl.constexpr, PDL: tl.constexpr, W_FP8: tl.constexpr,
 ):
     """OVERLAP: the grid is (n tiles, blocks), so programs start block by block and blocks
     finish in order, and every program, a padding block's too, counts itself into its
@@ -159,7 +215,7 @@ def _gate_up_kernel(
         _gate_up_tile(
             x_ptr, x_stride, w_ptr, w_stride_e, w_stride_n, w_stride_k, out_ptr,
             pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, hidden, inter, ss_ptr, num_tokens,
-            eps, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
+            eps, ws_ptr, ws_stride_e, xs_ptr, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS, W_FP8,
         )
     if OVERLAP:
         _count_tile(ready_ptr, pid_m)
@@ -169,8 +225,9 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
     pairs_ptr, block_expert_ptr, num_pairs, top_k, routed_k, hidden, inter, ready_ptr, up_tiles,
+    ws_ptr, ws_stride_e, aq_ptr, as_ptr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    OVERLAP: tl.constexpr, PDL: tl.constexpr,
+    OVERLAP: tl.constexpr, PDL: tl.constexpr, W_FP8: tl.constexpr,
 ):
     """OVERLAP: no wait for the whole gate/up launch; each program waits for its own block's
     gate/up programs' counts (the grid is (n tiles, blocks), block by block as the gate/up
@@ -193,7 +250,8 @@ def _down_kernel(
             _down_tile(
                 act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
                 pairs_ptr, expert, pid_m, pid_n, num_pairs, top_k, routed_k, hidden, inter,
-                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
+                ws_ptr, ws_stride_e, aq_ptr, as_ptr, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
+                W_FP8,
             )
     else:
         pdl_wait(PDL)
@@ -203,7 +261,8 @@ def _down_kernel(
             _down_tile(
                 act_ptr, w_ptr, w_stride_e, w_stride_n, w_stride_k, weights_ptr, out_ptr,
                 pairs_ptr, expert, pid_m, tl.program_id(1), num_pairs, top_k, routed_k, hidden,
-                inter, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, "",
+                inter, ws_ptr, ws_stride_e, aq_ptr, as_ptr, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+                "", W_FP8,
             )
 
 
@@ -212,9 +271,10 @@ def _experts_kernel(
     x_ptr, x_stride, w13_ptr, w13_stride_e, w13_stride_n, w13_stride_k, act_ptr,
     w2_ptr, w2_stride_e, w2_stride_n, w2_stride_k, weights_ptr, out_ptr,
     pairs_ptr, block_expert_ptr, num_blocks, ready_ptr, num_pairs, top_k, routed_k, hidden, inter,
-    ss_ptr, num_tokens, eps,
+    ss_ptr, num_tokens, eps, w13s_ptr, w13s_stride_e, w2s_ptr, w2s_stride_e,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    ROW_SS: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr,
+    ROW_SS: tl.constexpr, BLOCKS_PAD: tl.constexpr, PDL: tl.constexpr, UP_FP8: tl.constexpr,
+    DOWN_FP8: tl.constexpr,
 ):
     """Both GEMMs in one persistent launch. The work items are every real block's gate/up
     tiles, block by block, then its down tiles; program p takes items p, p + G, ... in order.
@@ -222,7 +282,9 @@ def _experts_kernel(
     ``ready_ptr[block]`` (release), and the down tile's program waits for the full count
     (acquire). No program waits on an item after its own, every gate/up item precedes every
     down item, and all G programs are resident (the launcher sizes G from the occupancy),
-    so the waits always end. The alignment zeroes the counts."""
+    so the waits always end. The alignment zeroes the counts. UP_FP8 / DOWN_FP8: weight-only
+    e4m3 stacks at most (the launcher keeps W8A8, whose inputs are quantized by launches of
+    their own, out of this kernel)."""
     pdl_wait(PDL)
     b = tl.arange(0, BLOCKS_PAD)
     # Real blocks are a prefix of the layout (-1 past the last expert's segment).
@@ -238,7 +300,8 @@ def _experts_kernel(
             _gate_up_tile(
                 x_ptr, x_stride, w13_ptr, w13_stride_e, w13_stride_n, w13_stride_k, act_ptr,
                 pairs_ptr, expert, pid_m, item - pid_m * up_tiles, num_pairs, top_k, hidden, inter,
-                ss_ptr, num_tokens, eps, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ROW_SS,
+                ss_ptr, num_tokens, eps, w13s_ptr, w13s_stride_e, w13s_ptr, BLOCK_M, BLOCK_N,
+                BLOCK_K, PRECISION, ROW_SS, UP_FP8,
             )
             _count_tile(ready_ptr, pid_m)
         else:
@@ -249,7 +312,8 @@ def _experts_kernel(
             _down_tile(
                 act_ptr, w2_ptr, w2_stride_e, w2_stride_n, w2_stride_k, weights_ptr, out_ptr,
                 pairs_ptr, expert, pid_m, d - pid_m * down_tiles, num_pairs, top_k, routed_k,
-                hidden, inter, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, ".cg",
+                hidden, inter, w2s_ptr, w2s_stride_e, act_ptr, w2s_ptr, BLOCK_M, BLOCK_N, BLOCK_K,
+                PRECISION, ".cg", DOWN_FP8,
             )
 
 
@@ -286,8 +350,8 @@ def _sum_pairs_kernel(
 
 def fused_moe(
     hidden: torch.Tensor | DeferredNorm,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | Fp8Weight,
+    w2: torch.Tensor | Fp8Weight,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
@@ -299,7 +363,8 @@ def fused_moe(
     shared experts' slots (``num_shared_experts``) exist only as pair indices: no tensor
     of their ids or weights is built. ``hidden`` may be a ``DeferredNorm`` (its normed
     rows); with ``add_norm`` the pairs' sum finishes it and the output is a DeferredNorm
-    (``atom_core.ops.deferred_norm``)."""
+    (``atom_core.ops.deferred_norm``). ``w13`` / ``w2`` may be ``Fp8Weight`` stacks, each
+    GEMM in the format T tokens pick (``fused_moe_fp8``)."""
     deferred = hidden if isinstance(hidden, DeferredNorm) else None
     if deferred is not None:
         hidden = deferred.scaled
@@ -308,9 +373,17 @@ def fused_moe(
     num_experts, inter2, hidden_size = w13.shape
     inter = inter2 // 2
     num_pairs = num_tokens * top_k
+    up_fp8, down_fp8 = fp8_mode(w13, num_tokens), fp8_mode(w2, num_tokens)
+    w13, w13_scale, w13_scale_stride = weight_operands(w13)
+    w2, w2_scale, w2_scale_stride = weight_operands(w2)
+    w8a8 = W8A8 in (up_fp8, down_fp8)
     if config is None:
         table = tuning.table_for(OP, hidden.device)
         config = get_config(num_tokens, top_k, num_experts, hidden_size, inter, table)
+        if WEIGHT_ONLY in (up_fp8, down_fp8) and not w8a8:
+            config = for_fp8_weights(config)
+    if w8a8:
+        config = for_w8a8(config)
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"],
               **pdl_options(hidden.device)}
@@ -318,9 +391,13 @@ def fused_moe(
     weights = topk_weights if topk_weights.is_contiguous() else topk_weights.contiguous()
     ids = topk_ids if topk_ids.is_contiguous() else topk_ids.contiguous()
     capacity = aligned_capacity(num_pairs, num_experts, block_m)
-    # The occupancy bound the persistent launch relies on is NVIDIA's (32-thread warps).
-    persistent = config.get("PERSISTENT", 0) if torch.version.hip is None else 0
-    overlap = config.get("OVERLAP", False) and not persistent and torch.version.hip is None
+    # The occupancy bound the persistent launch relies on is NVIDIA's (32-thread warps). W8A8
+    # takes the two plain launches: the intermediate's row scales need every gate/up tile of
+    # a row, so a quantizing launch stands between the GEMMs, where the counted forms would
+    # have the down tiles wait on gate/up tiles.
+    persistent = config.get("PERSISTENT", 0) if torch.version.hip is None and not w8a8 else 0
+    overlap = (config.get("OVERLAP", False) and not persistent and torch.version.hip is None
+               and not w8a8)
     counted = persistent or overlap
     ready = (torch.empty(capacity // block_m, dtype=torch.int32, device=hidden.device)
              if counted else None)
@@ -334,16 +411,24 @@ def fused_moe(
     ss = deferred.sumsq if deferred is not None else act
     eps = deferred.eps if deferred is not None else 0.0
     row_ss = deferred.sumsq.shape[0] if deferred is not None else 0
+    x_scale = act  # read in W8A8 only
+    if up_fp8 == W8A8:
+        # The rows as e4m3, a DeferredNorm's normed as they are quantized.
+        x, x_scale = quantize_rows(x, sumsq=deferred.sumsq if deferred is not None else None,
+                                   eps=eps)
+        row_ss = 0
     if persistent:
         args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
             w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
             sorted_pairs, block_expert, capacity // block_m, ready, num_pairs, top_k, routed_k,
-            hidden_size, inter, ss, num_tokens, eps,
+            hidden_size, inter, ss, num_tokens, eps, w13_scale, w13_scale_stride,
+            w2_scale, w2_scale_stride,
         )
         consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                   "PRECISION": precision, "ROW_SS": row_ss,
-                  "BLOCKS_PAD": triton.next_power_of_2(capacity // block_m), **launch}
+                  "BLOCKS_PAD": triton.next_power_of_2(capacity // block_m),
+                  "UP_FP8": up_fp8, "DOWN_FP8": down_fp8, **launch}
         tiles = triton.cdiv(inter, block_n) + triton.cdiv(hidden_size, block_n)
         items = (capacity // block_m) * tiles
         programs = min(items, resident_programs(_experts_kernel, args, consts, persistent))
@@ -356,7 +441,7 @@ def fused_moe(
         up_args = (
             x, x.stride(0), w13, w13.stride(0), w13.stride(1), w13.stride(2), act,
             sorted_pairs, block_expert, num_pairs, top_k, hidden_size, inter, ss, num_tokens, eps,
-            counts,
+            counts, w13_scale, w13_scale_stride, x_scale,
         )
         consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
                   "PRECISION": precision, **launch}
@@ -364,15 +449,20 @@ def fused_moe(
         # docstring says why that orders it after the alignment); twice the computed occupancy,
         # so that an occupancy figure on the low side cannot break the argument.
         overlap = overlap and blocks * up_tiles > 2 * resident_programs(
-            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True},
+            _gate_up_kernel, up_args, {**consts, "ROW_SS": row_ss, "OVERLAP": True,
+                                       "W_FP8": up_fp8},
             per_sm_cap=1 << 10)
         _gate_up_kernel[(up_tiles, blocks) if overlap else (blocks, up_tiles)](
-            *up_args, ROW_SS=row_ss, OVERLAP=overlap, **consts,
+            *up_args, ROW_SS=row_ss, OVERLAP=overlap, W_FP8=up_fp8, **consts,
         )
+        act_q, act_scale = act, act  # read in W8A8 only
+        if down_fp8 == W8A8:
+            act_q, act_scale = quantize_rows(act, pairs=sorted_pairs, num_pairs=num_pairs)
         _down_kernel[(down_tiles, blocks) if overlap else (blocks, down_tiles)](
             act, w2, w2.stride(0), w2.stride(1), w2.stride(2), weights, per_pair,
             sorted_pairs, block_expert, num_pairs, top_k, routed_k, hidden_size, inter,
-            counts, up_tiles, OVERLAP=overlap, **consts,
+            counts, up_tiles, w2_scale, w2_scale_stride, act_q, act_scale, OVERLAP=overlap,
+            W_FP8=down_fp8, **consts,
         )
     out = torch.empty((num_tokens, hidden_size), dtype=hidden.dtype, device=hidden.device)
     block_k = triton.next_power_of_2(top_k)
