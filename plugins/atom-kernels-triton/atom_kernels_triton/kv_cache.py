@@ -29,8 +29,9 @@ def _saturate_e4m3(x):
     # Below 2^-6, e4m3 is subnormal, in steps of 2^-9: the fp32 ulp of 2^14, so adding 2^14
     # rounds |a| to a step (nearest even) and the mantissa bits above 2^14's count the steps.
     steps = (tl.abs(a) + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
-    tiny = steps.to(tl.float32) * 0.001953125
-    tiny = tl.where(bits < 0, -tiny, tiny)  # by the sign bit: -0.0 stays -0.0
+    tiny = (steps.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)
+    # The sign bit copied over, not a negation (compiled as 0 - x, which makes -0.0 +0.0).
+    tiny = (tiny | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)
     q = tl.where(tl.abs(a) < 0.015625, tiny, normal)
     # NaN stays NaN (on GPUs; the interpreter's cast of a NaN gives a finite code).
     return tl.where(x != x, x, q).to(tl.float8e4nv)
