@@ -102,7 +102,7 @@ STEPS = [[[5, 9, 3, 7, 1], [11, 2, 8], [4, 4, 6, 10, 12, 14]],
          [[27], [29], [31]]]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_moe", "deepseek_v3"])
 def test_weight_only_model_equals_the_model_with_dequantized_weights(kind):
     q, ref = _quantized_and_reference(kind, fp8_w8a8_min_rows=1 << 20)
     for got, want in zip(_logits(q, STEPS), _logits(ref, STEPS)):
