@@ -137,8 +137,10 @@ def _sum_splits_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr,
     ok = offs < MN
     pdl_wait(PDL)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
-        acc += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    parts = part_ptr + offs
+    for _ in tl.static_range(SPLIT_K):  # a fixed order: the same sum every run
+        acc += tl.load(parts, mask=ok, other=0.0)
+        parts += MN  # a pointer step: no 32-bit product of the split and M * N
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
