@@ -23,7 +23,7 @@ from triton_reference import rel_err, tolerance  # noqa: E402
 
 from atom_core.ops import resolve_op  # noqa: E402
 from atom_core.ops.native import activation as native_act  # noqa: E402
-from atom_core.ops.native import norm as native_norm  # noqa: E402
+from atom_core.ops.native import linear as native_linear_mod  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # N and K off every block size below; BLOCK_K 32 < K exercises the K loop and its tail.
@@ -415,7 +415,7 @@ def norm_inputs(m: int, k: int, dtype=torch.float32, residual: bool = True):
 def test_rms_norm_linear_matches_native(m, split_k, residual):
     x, res, nw, w, b = norm_inputs(m, KG, residual=residual)
     out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b, config=gated_config(split_k))
-    ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+    ref_out, ref_summed = native_linear_mod.rms_norm_linear(x, res, nw, 1e-6, w, b)
     assert out.shape == (m, N) and summed.shape == (m, KG)
     assert rel_err(out, ref_out) < tolerance(torch.float32)
     assert torch.equal(summed, ref_summed)
@@ -431,7 +431,7 @@ def test_rms_norm_linear_half_precision(m):
     for dtype in dtypes_for(2)[1:]:
         x, res, nw, w, b = norm_inputs(m, KG, dtype=dtype)
         out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b, config=gated_config(2))
-        ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+        ref_out, ref_summed = native_linear_mod.rms_norm_linear(x, res, nw, 1e-6, w, b)
         assert torch.equal(summed, ref_summed), dtype
         assert rel_err(out, ref_out) < tolerance(dtype), dtype
 
@@ -441,7 +441,7 @@ def test_rms_norm_linear_default_config_3d_input():
     x, res, nw, w, b = norm_inputs(1, 4500)
     x, res = x.view(1, 1, -1), res.view(1, 1, -1)
     out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b)
-    ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+    ref_out, ref_summed = native_linear_mod.rms_norm_linear(x, res, nw, 1e-6, w, b)
     assert out.shape == (1, 1, N) and torch.equal(summed, ref_summed)
     assert rel_err(out, ref_out) < tolerance(torch.float32)
 
@@ -461,11 +461,11 @@ def test_rms_norm_linear_fallbacks_and_strided_rows(case, monkeypatch):
     else:
         monkeypatch.setattr(gemv, "_gemv_kernel", FusedLaunchForbidden())
     out, summed = rms_norm_linear(x, res, nw, 1e-6, w, b)
-    ref_out, ref_summed = native_norm.rms_norm_linear(x, res, nw, 1e-6, w, b)
+    ref_out, ref_summed = native_linear_mod.rms_norm_linear(x, res, nw, 1e-6, w, b)
     assert torch.equal(summed, ref_summed)
     assert rel_err(out, ref_out) < tolerance(torch.float32)
 
 
 def test_rms_norm_linear_registered():
-    assert resolve_op("rms_norm_linear", "cpu") is native_norm.rms_norm_linear
+    assert resolve_op("rms_norm_linear", "cpu") is native_linear_mod.rms_norm_linear
     assert triton_ops()["rms_norm_linear"] is rms_norm_linear
