@@ -189,11 +189,12 @@ class ModelConfig:
         "with --quantization fp8, the layer kinds quantized",
         nargs="+", choices=("attention", "mlp", "experts", "lm_head"),
     )
-    fp8_w8a8_min_rows: int = opt(
-        256, ("--fp8-w8a8-min-rows",),
+    fp8_w8a8_min_rows: int | None = opt(
+        None, ("--fp8-w8a8-min-rows",),
         "with --quantization fp8, steps of at least this many tokens quantize activations per "
         "token (W8A8 on fp8 tensor cores); smaller ones keep them in --dtype and dequantize "
-        "the weights in the kernel (weight-only)",
+        "the weights in the kernel (weight-only). Default: measured per layer kind, 64 for "
+        "the dense projections, 256 for the experts",
     )
     seed: int = opt(0, ("--seed",), "seed for dummy weights and unseeded sampling")
     device: str = opt("auto", ("--device",), "auto, cpu or cuda")

@@ -29,15 +29,20 @@ MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 DEFAULT_W8A8_MIN_ROWS = 256
 # The layer kinds --fp8-layers chooses from (atom_core.quant.online says which is which).
 LAYER_KINDS = ("attention", "mlp", "experts", "lm_head")
+# Each kind's crossover where --fp8-w8a8-min-rows is not given. Dense projections: from 64
+# rows the W8A8 GEMM beat the weight-only one on Qwen3-8B's four projections together
+# (bench/fp8_linear.py, H200; bench/RESULTS.md). Experts: the blog's 256; below it the
+# weight-only fused-MoE kernel beat bf16 at 32 tokens, at and above it W8A8 did.
+KIND_W8A8_MIN_ROWS = {"attention": 64, "mlp": 64, "lm_head": 64, "experts": 256}
 
 
-def check_options(kinds: list[str] | tuple[str, ...], w8a8_min_rows: int) -> None:
+def check_options(kinds: list[str] | tuple[str, ...], w8a8_min_rows: int | None) -> None:
     """ValueError naming what is wrong with --fp8-layers / --fp8-w8a8-min-rows."""
     unknown = sorted(set(kinds) - set(LAYER_KINDS))
     if unknown:
         raise ValueError(f"--fp8-layers: unknown kind {', '.join(unknown)}; "
                          f"kinds: {', '.join(LAYER_KINDS)}")
-    if w8a8_min_rows < 1:
+    if w8a8_min_rows is not None and w8a8_min_rows < 1:
         raise ValueError(f"--fp8-w8a8-min-rows must be >= 1, got {w8a8_min_rows}")
 
 

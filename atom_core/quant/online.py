@@ -25,7 +25,7 @@ from atom_core.errors import ConfigError
 from atom_core.layers.embedding import ParallelLMHead
 from atom_core.layers.linear import Fp8Quantizable
 from atom_core.layers.moe import FusedMoE
-from atom_core.quant.fp8 import check_options
+from atom_core.quant.fp8 import KIND_W8A8_MIN_ROWS, check_options
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,10 @@ def require_fp8_device(device: torch.device, what: str) -> None:
 
 
 def quantize_model(model: nn.Module, kinds: tuple[str, ...] | list[str],
-                   w8a8_min_rows: int) -> dict[str, int]:
+                   w8a8_min_rows: int | None = None) -> dict[str, int]:
     """Quantize the weights of the layer ``kinds`` in place; how many modules of each kind
-    were quantized."""
+    were quantized. ``w8a8_min_rows``: every kind's crossover to W8A8 (None: each kind's
+    default, ``KIND_W8A8_MIN_ROWS``)."""
     try:
         check_options(kinds, w8a8_min_rows)
     except ValueError as e:
@@ -71,11 +72,12 @@ def quantize_model(model: nn.Module, kinds: tuple[str, ...] | list[str],
         kind = layer_kind(name, module)
         if kind not in counts or not getattr(module, "quantizable", True):
             continue
-        module.quantize_fp8(w8a8_min_rows)
+        module.quantize_fp8(w8a8_min_rows or KIND_W8A8_MIN_ROWS[kind])
         counts[kind] += 1
     first = next(model.parameters(), None)
     if first is not None and first.device.type == "cuda":
         torch.cuda.empty_cache()  # the model-dtype weights just freed
-    logger.info("fp8 weights: %s (activations quantized from %d rows)",
-                ", ".join(f"{n} {k}" for k, n in counts.items()), w8a8_min_rows)
+    logger.info("fp8 weights: %s (activations quantized per token from %s rows)",
+                ", ".join(f"{n} {k}" for k, n in counts.items()),
+                w8a8_min_rows or ", ".join(f"{k} {KIND_W8A8_MIN_ROWS[k]}" for k in counts))
     return counts

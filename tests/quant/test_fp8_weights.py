@@ -129,6 +129,16 @@ def test_layer_kinds_choose_what_is_quantized():
     assert dtypes["lm_head.weight"] == torch.float32
     assert dtypes["model.embed_tokens.weight"] == torch.float32
 
+    # each kind's measured crossover unless --fp8-w8a8-min-rows says otherwise
+    moe = load_model(Config.from_kwargs(model=path, quantization="fp8"), "cpu",
+                     torch.float32).model
+    layer = moe.model.layers[1]
+    assert layer.self_attn.o_proj.fp8.w8a8_min_rows == 64
+    assert layer.mlp.experts.fp8[0].w8a8_min_rows == 256
+    forced = load_model(Config.from_kwargs(model=path, quantization="fp8", fp8_w8a8_min_rows=7),
+                        "cpu", torch.float32).model
+    assert forced.model.layers[1].mlp.experts.fp8[1].w8a8_min_rows == 7
+
     tied = load_model(Config.from_kwargs(model=str(tiny_model_dir("llama")), quantization="fp8",
                                          fp8_layers=["lm_head"]), "cpu", torch.float32).model
     assert tied.lm_head.weight.dtype == FP8_DTYPE
