@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from atom_core.distributed.collectives import all_reduce
 from atom_core.layers.decoder import GatedMLP
 from atom_core.layers.linear import LinearBase, RowParallelLinear
 from atom_core.layers.moe import FusedMoE, TopKRouter
@@ -66,8 +67,12 @@ class FusedGatedMLP(GatedMLP):
     def forward(self, x: torch.Tensor | DeferredNorm | Projected) -> torch.Tensor | DeferredNorm:
         add_norm, self.pending = self.pending, None
         down = self.down_proj
-        # As RowParallelLinear.forward: with TP > 1 only rank 0 adds the bias.
+        # As RowParallelLinear.forward: rank 0 adds the bias, the ranks' products are summed
+        # before any residual add.
         bias = down.bias if down.tp_rank == 0 else None
+        if down.tp_size > 1:
+            return all_reduce(self._silu_and_mul_linear(self.gate_up_proj(x), down.op_weight,
+                                                        bias))
         return self._silu_and_mul_linear(self.gate_up_proj(x), down.op_weight, bias,
                                          add_norm=add_norm)
 

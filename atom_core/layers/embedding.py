@@ -10,8 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from atom_core.distributed.collectives import all_gather_last, all_reduce
+from atom_core.distributed.state import tp_rank_and_size
 from atom_core.layers.context import get_build_context
-from atom_core.layers.linear import Fp8Quantizable, default_weight_loader, tp_rank_and_size
+from atom_core.layers.linear import Fp8Quantizable, default_weight_loader
 from atom_core.ops import resolve_op
 
 
@@ -52,7 +54,7 @@ class VocabParallelEmbedding(nn.Module):
         local = input_ids - self.vocab_start
         mask = (local >= 0) & (local < self.num_embeddings_per_rank)
         out = F.embedding(local.clamp(0, self.num_embeddings_per_rank - 1), self.weight)
-        return out * mask.unsqueeze(-1).to(out.dtype)  # all-reduce goes here once TP lands
+        return all_reduce(out * mask.unsqueeze(-1).to(out.dtype))
 
     def extra_repr(self) -> str:
         return f"num_embeddings={self.num_embeddings}, embedding_dim={self.embedding_dim}"
@@ -83,5 +85,9 @@ class ParallelLMHead(Fp8Quantizable, VocabParallelEmbedding):
         self.tied = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # With TP > 1 the ranks' vocabulary slices are gathered here, padded rows cut off.
-        return self._linear(hidden_states, self.op_weight, self.bias)
+        logits = self._linear(hidden_states, self.op_weight, self.bias)
+        if self.tp_size == 1:
+            return logits
+        # Every rank gets the whole vocabulary's logits: the ranks' slices side by side, the
+        # padding rows of the last slice cut off.
+        return all_gather_last(logits)[..., : self.num_embeddings]

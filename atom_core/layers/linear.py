@@ -2,10 +2,10 @@
 
 Each parameter carries a ``weight_loader(param, loaded_weight, shard_id=None)`` that copies
 a Hugging Face checkpoint tensor into this rank's slice; fused layers (qkv, gate_up) take
-``shard_id`` to say which of their parts the tensor is. Tensor parallelism is 1 for now
-(``tp_rank_and_size``), but the slicing is written for any size so the layers stay the same
-when the distributed groups land. The product itself is the registry's ``linear`` op
-(``F.linear`` contract), resolved once for the build context's device.
+``shard_id`` to say which of their parts the tensor is. The rank and group size come from
+``atom_core.distributed.state`` when the layer is built; a row-parallel layer sums the
+ranks' partial products (one all-reduce). The product itself is the registry's ``linear``
+op (``F.linear`` contract), resolved once for the build context's device.
 
 ``quantize_fp8`` (``--quantization fp8``, after loading) swaps the weight for its e4m3
 values and per-row scales; ``op_weight`` is what the ops are handed, the plain weight or
@@ -17,15 +17,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from atom_core.distributed.collectives import all_reduce
+from atom_core.distributed.state import tp_rank_and_size
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
 from atom_core.quant.fp8 import Fp8Weight, quantize_weight
-
-
-def tp_rank_and_size() -> tuple[int, int]:
-    """This process's tensor-parallel rank and the group size (no TP yet: always (0, 1))."""
-    return 0, 1
 
 
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
@@ -121,7 +118,7 @@ class ColumnParallelLinear(LinearBase):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial sums are reduced (all-reduce once TP lands)."""
+    """Input features split across ranks; the partial products are summed (all-reduce)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         _, tp_size = tp_rank_and_size()
@@ -131,9 +128,12 @@ class RowParallelLinear(LinearBase):
         self, x: torch.Tensor, add_norm: AddNorm | None = None
     ) -> torch.Tensor | DeferredNorm:
         """``add_norm``: the next block's residual add and norm, for the op to finish where it
-        can (``atom_core.ops.deferred_norm``)."""
-        # With TP > 1 the bias must be added once, after the all-reduce of the partial sums.
+        can (``atom_core.ops.deferred_norm``); declined with TP > 1, where the sum of the
+        ranks' products comes first."""
+        # The bias is added once: rank 0's partial product carries it.
         bias = self.bias if self.tp_rank == 0 else None
+        if self.tp_size > 1:
+            return all_reduce(self._linear(x, self.op_weight, bias))
         return self._linear(x, self.op_weight, bias, add_norm=add_norm)
 
 

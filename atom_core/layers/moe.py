@@ -22,8 +22,10 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from atom_core.distributed.collectives import all_reduce
+from atom_core.distributed.state import tp_rank_and_size
 from atom_core.layers.context import get_build_context
-from atom_core.layers.linear import default_weight_loader, tp_rank_and_size
+from atom_core.layers.linear import default_weight_loader
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
@@ -208,6 +210,9 @@ class FusedMoE(nn.Module):
         """``topk_weights`` / ``topk_ids`` [T, k]: the routed choices; the op adds the shared
         experts' slots itself. ``add_norm``: as ``RowParallelLinear.forward``'s."""
         w13, w2 = (self.w13_weight, self.w2_weight) if self.fp8 is None else self.fp8
+        if self.tp_size > 1:  # each rank's experts hold a slice of I: sum the partial outputs
+            return all_reduce(self._op(x, w13, w2, topk_weights, topk_ids,
+                                       num_shared_experts=self.num_shared_experts))
         return self._op(x, w13, w2, topk_weights, topk_ids,
                         num_shared_experts=self.num_shared_experts, add_norm=add_norm)
 

@@ -1,0 +1,2 @@
+"""Parallelism on torch.distributed: the process groups (``state``) and the collectives the
+layers call (``collectives``)."""

@@ -1,0 +1,44 @@
+"""Tensor parallelism on CPU (gloo): the tiny random models with their layers split across
+two ranks (each holding its slice of the weights) give the logits of one process, on
+every rank, through a prefill, a mixed step and a decode step: column/row-parallel linears
+with one all-reduce per row-parallel layer, KV heads split, MLA heads split, MoE with the
+expert intermediate split, the vocabulary split in the embedding and the LM head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atom_core.testing.tensor_parallel import model_logits, tensor_parallel_logits
+from atom_core.testing.tiny_models import tiny_model_dir
+
+STEPS = [[[5, 9, 3, 7, 1], [11, 2, 8], [4, 4, 6, 10, 12, 14]],
+         [[13], [17], [19, 21, 23, 25]],
+         [[27], [29], [31]]]
+KINDS = ["llama", "qwen3", "qwen3_moe", "deepseek_v2"]
+
+
+@pytest.mark.slow
+def test_two_ranks_give_one_process_logits():
+    jobs = [(str(tiny_model_dir(kind)), {}) for kind in KINDS]
+    split = tensor_parallel_logits(jobs, STEPS, size=2)
+    for kind, (path, config), ranks in zip(KINDS, jobs, split):
+        want, whole = model_logits(path, STEPS, **config)
+        for rank, (got, held) in enumerate(ranks):
+            assert held < 0.75 * whole, (kind, rank, held, whole)  # the layers were split
+            for step, (g, w) in enumerate(zip(got, want)):
+                assert g.shape == w.shape, (kind, rank, step)
+                assert torch.allclose(g, w, rtol=1e-4, atol=1e-4), \
+                    (kind, rank, step, (g - w).abs().max().item())
+
+
+@pytest.mark.slow
+def test_four_ranks_replicate_the_kv_heads_they_outnumber():
+    """Llama with 4 query heads and 2 KV heads on 4 ranks: each rank one query head and a
+    copy of the KV head it reads."""
+    path = str(tiny_model_dir("llama"))
+    want, whole = model_logits(path, STEPS)
+    for got, held in tensor_parallel_logits([(path, {})], STEPS, size=4)[0]:
+        assert held < 0.5 * whole
+        for g, w in zip(got, want):
+            assert torch.allclose(g, w, rtol=1e-4, atol=1e-4), (g - w).abs().max().item()
