@@ -18,12 +18,16 @@ class TensorParallel:
     rank: int
     size: int
     group: dist.ProcessGroup | None  # None: a group of one
+    # MoE experts split across the ranks, each whole (--enable-expert-parallel), rather
+    # than every expert's intermediate size split.
+    expert_parallel: bool = False
 
 
 _state = TensorParallel(0, 1, None)
 
 
-def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str = "gloo") -> None:
+def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str = "gloo",
+                         expert_parallel: bool = False) -> None:
     """Join a tensor-parallel group of ``size`` processes as ``rank`` (``init_method``: a
     torch.distributed URL, ``tcp://host:port`` or ``file://path``)."""
     global _state
@@ -33,7 +37,7 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str = 
         if not dist.is_initialized():
             dist.init_process_group(backend, init_method=init_method, rank=rank,
                                     world_size=size)
-        _state = TensorParallel(rank, size, dist.group.WORLD)
+        _state = TensorParallel(rank, size, dist.group.WORLD, expert_parallel)
     else:
         _state = TensorParallel(0, 1, None)
 

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from atom_core.distributed.collectives import all_reduce
-from atom_core.distributed.state import tp_rank_and_size
+from atom_core.distributed.state import tensor_parallel
 from atom_core.layers.context import get_build_context
 from atom_core.layers.linear import default_weight_loader
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
@@ -105,10 +105,15 @@ class FusedMoE(nn.Module):
     """The experts' weights, stacked: ``w13_weight`` [E, 2I, H] (gate rows, then up rows)
     and ``w2_weight`` [E, H, I]; ``forward(x, topk_weights, topk_ids)`` runs the
     ``fused_moe`` op. With ``num_shared_experts`` n, E counts n always-selected experts
-    after the ``num_experts`` routed ones (see the module docstring). With tensor
-    parallelism each rank holds a slice of I (the partial sums are all-reduced once TP
-    lands, as for RowParallelLinear). ``quantize_fp8`` (after loading) swaps both stacks
-    for e4m3 values and per-(expert, row) scales."""
+    after the ``num_experts`` routed ones (see the module docstring). ``quantize_fp8``
+    (after loading) swaps both stacks for e4m3 values and per-(expert, row) scales.
+
+    With tensor parallelism each rank holds a slice of I of every expert; with expert
+    parallelism (``atom_core.distributed.state``) each rank holds whole experts instead: its
+    range of the routed ones, and the shared experts j with j % ranks == rank. Either way
+    the ranks' partial outputs are summed (one all-reduce, as for RowParallelLinear); under
+    expert parallelism a token's choices outside this rank's range become -1, which the op
+    skips."""
 
     # The two stacks as the op takes them once quantized (``quantize_fp8``).
     fp8: tuple[Fp8Weight, Fp8Weight] | None = None
@@ -122,15 +127,29 @@ class FusedMoE(nn.Module):
         num_shared_experts: int = 0,
     ) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = tp_rank_and_size()
-        if intermediate_size % self.tp_size:
+        tp = tensor_parallel()
+        self.tp_size = tp.size  # the ranks whose outputs are summed
+        self.expert_parallel = tp.expert_parallel and tp.size > 1
+        # The slice of I this rank holds: all of it under expert parallelism.
+        self.tp_rank, self.inter_ranks = (0, 1) if self.expert_parallel else (tp.rank, tp.size)
+        if intermediate_size % self.inter_ranks:
             raise ValueError(
-                f"{intermediate_size} is not divisible by tensor parallel size {self.tp_size}")
+                f"{intermediate_size} is not divisible by tensor parallel size {tp.size}")
+        if self.expert_parallel and num_experts % tp.size:
+            raise ValueError(f"{num_experts} experts do not split evenly across {tp.size} "
+                             "expert-parallel ranks")
         self.num_experts = num_experts
-        self.num_shared_experts = num_shared_experts
         self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size // self.tp_size
-        inter, total = self.intermediate_size, num_experts + num_shared_experts
+        self.intermediate_size = intermediate_size // self.inter_ranks
+        # This rank's routed experts [expert_start, expert_start + local_experts) and shared
+        # experts (indices into the model's), stacked in that order.
+        self.local_experts = num_experts // tp.size if self.expert_parallel else num_experts
+        self.expert_start = tp.rank * self.local_experts if self.expert_parallel else 0
+        self.total_shared = num_shared_experts
+        self.shared_ids = [j for j in range(num_shared_experts)
+                           if not self.expert_parallel or j % tp.size == tp.rank]
+        self.num_shared_experts = len(self.shared_ids)
+        inter, total = self.intermediate_size, self.local_experts + self.num_shared_experts
         self.w13_weight = nn.Parameter(torch.empty(total, 2 * inter, hidden_size),
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(total, hidden_size, inter), requires_grad=False)
@@ -147,9 +166,11 @@ class FusedMoE(nn.Module):
     ) -> None:
         """One expert's ``w1`` (gate [I, H]), ``w3`` (up [I, H]) or ``w2`` (down [H, I]); or,
         with ``expert_id`` None, the routed experts' whole stacked tensor ([E, 2I, H] or
-        [E, H, I])."""
+        [E, H, I]). ``expert_id`` counts the model's experts (shared ones after the routed);
+        an expert another rank holds is skipped."""
         inter, rank = self.intermediate_size, self.tp_rank
         if expert_id is None:
+            loaded_weight = loaded_weight.narrow(0, self.expert_start, self.local_experts)
             if param is self.w13_weight:  # [E, 2I, H]: slice each half for this rank
                 gate, up = loaded_weight.chunk(2, dim=1)
                 loaded_weight = torch.cat(
@@ -157,8 +178,12 @@ class FusedMoE(nn.Module):
                 )
             else:
                 loaded_weight = loaded_weight.narrow(2, rank * inter, inter)
-            return default_weight_loader(param.data.narrow(0, 0, self.num_experts), loaded_weight)
-        target = param.data[expert_id]
+            return default_weight_loader(param.data.narrow(0, 0, self.local_experts),
+                                         loaded_weight)
+        slot = self.local_slot(expert_id)
+        if slot is None:
+            return
+        target = param.data[slot]
         if shard_id == "w2":
             default_weight_loader(target, loaded_weight.narrow(1, rank * inter, inter))
         elif shard_id in ("w1", "w3"):
@@ -167,17 +192,27 @@ class FusedMoE(nn.Module):
         else:
             raise ValueError(f"FusedMoE shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}")
 
+    def local_slot(self, expert_id: int) -> int | None:
+        """Where the model's expert ``expert_id`` (shared ones after the routed) sits in this
+        rank's stacks; None where another rank holds it."""
+        if expert_id >= self.num_experts:
+            shared = expert_id - self.num_experts
+            if shared not in self.shared_ids:
+                return None
+            return self.local_experts + self.shared_ids.index(shared)
+        local = expert_id - self.expert_start
+        return local if 0 <= local < self.local_experts else None
+
     def shared_weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str
     ) -> None:
         """The shared MLP's whole ``w1`` (gate [n*I, H]), ``w3`` (up [n*I, H]) or ``w2``
         (down [H, n*I]): chunk j of I is shared expert j, loaded as expert num_experts + j."""
-        dim, full = (1 if shard_id == "w2" else 0), self.intermediate_size * self.tp_size
-        shared_rows = self.num_shared_experts * full
-        if not self.num_shared_experts or loaded_weight.shape[dim] != shared_rows:
+        dim, full = (1 if shard_id == "w2" else 0), self.intermediate_size * self.inter_ranks
+        if not self.total_shared or loaded_weight.shape[dim] != self.total_shared * full:
             raise ValueError(
                 f"shared expert tensor of shape {tuple(loaded_weight.shape)} does not fit "
-                f"{self.num_shared_experts} shared experts of intermediate size {full}"
+                f"{self.total_shared} shared experts of intermediate size {full}"
             )
         for j, chunk in enumerate(loaded_weight.split(full, dim=dim)):
             self.weight_loader(param, chunk, shard_id, self.num_experts + j)
@@ -210,6 +245,9 @@ class FusedMoE(nn.Module):
         """``topk_weights`` / ``topk_ids`` [T, k]: the routed choices; the op adds the shared
         experts' slots itself. ``add_norm``: as ``RowParallelLinear.forward``'s."""
         w13, w2 = (self.w13_weight, self.w2_weight) if self.fp8 is None else self.fp8
+        if self.expert_parallel:
+            local = topk_ids - self.expert_start
+            topk_ids = torch.where((local >= 0) & (local < self.local_experts), local, -1)
         if self.tp_size > 1:  # each rank's experts hold a slice of I: sum the partial outputs
             return all_reduce(self._op(x, w13, w2, topk_weights, topk_ids,
                                        num_shared_experts=self.num_shared_experts))
@@ -242,9 +280,13 @@ def load_hf_moe_weights(
     loaded: set[str] = set()
     parts: dict[str, set[tuple[int, str]]] = {}
 
+    owner = {f"{name}.{stack}": m for name, m in moes.items()
+             for stack in ("w13_weight", "w2_weight")}
+
     def mark(target: str, got_parts: Iterable[tuple[int, str]]) -> None:
+        # Only the experts this rank holds count (all of them without expert parallelism).
         got = parts.setdefault(target, set())
-        got.update(got_parts)
+        got.update((e, s) for e, s in got_parts if owner[target].local_slot(e) is not None)
         if len(got) == params[target].shape[0] * (1 if target.endswith("w2_weight") else 2):
             loaded.add(target)
 
@@ -273,7 +315,7 @@ def load_hf_moe_weights(
                 shard = EXPERT_SHARDS[m["proj"]]
                 target = _stack_name(f"{m['prefix']}.experts", shard)
                 moe.shared_weight_loader(params[target], tensor, shard)
-                mark(target, [(moe.num_experts + j, shard) for j in range(moe.num_shared_experts)])
+                mark(target, [(moe.num_experts + j, shard) for j in range(moe.total_shared)])
                 continue
             yield name, tensor
 

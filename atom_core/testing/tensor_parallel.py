@@ -37,9 +37,9 @@ def model_logits(path: str, steps: Steps, **config: object) -> tuple[list[torch.
 
 
 def _rank_main(rank: int, size: int, init_method: str, jobs: list[tuple[str, dict]],
-               steps: Steps, results: mp.Queue) -> None:
+               steps: Steps, results: mp.Queue, expert_parallel: bool) -> None:
     torch.set_num_threads(1)
-    init_tensor_parallel(rank, size, init_method)
+    init_tensor_parallel(rank, size, init_method, expert_parallel=expert_parallel)
     try:
         for i, (path, config) in enumerate(jobs):
             # numpy arrays travel by value: a tensor through the queue would live in this
@@ -50,16 +50,19 @@ def _rank_main(rank: int, size: int, init_method: str, jobs: list[tuple[str, dic
         destroy_tensor_parallel()
 
 
-def tensor_parallel_logits(jobs: list[tuple[str, dict]], steps: Steps, size: int = 2
+def tensor_parallel_logits(jobs: list[tuple[str, dict]], steps: Steps, size: int = 2,
+                           expert_parallel: bool = False,
                            ) -> list[list[tuple[list[torch.Tensor], int]]]:
     """For each job (checkpoint path, Config keywords): every rank's ``model_logits``, run
-    in ``size`` spawned processes joined by gloo; ``[job][rank]``."""
+    in ``size`` spawned processes joined by gloo (MoE experts split whole across them with
+    ``expert_parallel``); ``[job][rank]``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_method = f"file://{Path(tmp) / 'rendezvous'}"
         procs = [ctx.Process(target=_rank_main,
-                             args=(r, size, init_method, jobs, steps, results))
+                             args=(r, size, init_method, jobs, steps, results,
+                                   expert_parallel))
                  for r in range(size)]
         for p in procs:
             p.start()

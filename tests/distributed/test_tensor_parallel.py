@@ -42,3 +42,19 @@ def test_four_ranks_replicate_the_kv_heads_they_outnumber():
         assert held < 0.5 * whole
         for g, w in zip(got, want):
             assert torch.allclose(g, w, rtol=1e-4, atol=1e-4), (g - w).abs().max().item()
+
+
+@pytest.mark.slow
+def test_expert_parallel_ranks_give_one_process_logits():
+    """Qwen3-MoE (8 routed experts) and DeepSeek-V2 (8 routed, 2 shared) with whole experts
+    split across two ranks, attention tensor-parallel."""
+    kinds = ["qwen3_moe", "deepseek_v2"]
+    jobs = [(str(tiny_model_dir(kind)), {}) for kind in kinds]
+    split = tensor_parallel_logits(jobs, STEPS, size=2, expert_parallel=True)
+    for kind, (path, _), ranks in zip(kinds, jobs, split):
+        want, whole = model_logits(path, STEPS)
+        for rank, (got, held) in enumerate(ranks):
+            assert held < 0.75 * whole, (kind, rank, held, whole)
+            for g, w in zip(got, want):
+                assert torch.allclose(g, w, rtol=1e-4, atol=1e-4), \
+                    (kind, rank, (g - w).abs().max().item())

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import atom_core.layers.moe as moe_module
+from atom_core.distributed.state import TensorParallel
 from atom_core.layers.decoder import GatedMLP
 from atom_core.layers.moe import FusedMoE, load_hf_moe_weights
 from atom_core.testing.op_cases import moe_checkpoint
@@ -123,10 +124,31 @@ def test_tensor_parallel_slices_sum_to_the_whole(monkeypatch):
     topk_weights, topk_ids = routing(5)
     total = torch.zeros_like(x)
     for rank in range(2):
-        monkeypatch.setattr(moe_module, "tp_rank_and_size", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(moe_module, "tensor_parallel",
+                            lambda rank=rank: TensorParallel(rank, 2, None))
         part = fused_model(2)
         assert part.mlp.experts.w13_weight.shape == (NUM_EXPERTS + 2, INTER, HIDDEN)
         load_hf_moe_weights(part, weights)
         total += part.mlp.experts(x, topk_weights, topk_ids)  # what the all-reduce sums
+    expected = whole.mlp.experts(x, topk_weights, topk_ids)
+    torch.testing.assert_close(total, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_expert_parallel_ranks_hold_whole_experts_and_sum_to_the_whole(monkeypatch):
+    weights = checkpoint(2)
+    whole = fused_model(2)
+    load_hf_moe_weights(whole, weights)
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(4))
+    topk_weights, topk_ids = routing(5)
+    total = torch.zeros_like(x)
+    for rank in range(2):
+        monkeypatch.setattr(moe_module, "tensor_parallel",
+                            lambda rank=rank: TensorParallel(rank, 2, None, expert_parallel=True))
+        part = fused_model(2)
+        # half the routed experts and one of the two shared ones, each whole
+        assert part.mlp.experts.w13_weight.shape == (NUM_EXPERTS // 2 + 1, 2 * INTER, HIDDEN)
+        assert set(load_hf_moe_weights(part, weights)) >= {"mlp.experts.w13_weight",
+                                                          "mlp.experts.w2_weight"}
+        total += part.mlp.experts(x, topk_weights, topk_ids)
     expected = whole.mlp.experts(x, topk_weights, topk_ids)
     torch.testing.assert_close(total, expected, atol=1e-5, rtol=1e-5)
