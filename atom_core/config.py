@@ -94,10 +94,16 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
-    tensor_parallel_size: int = opt(1, ("--tensor-parallel-size", "-tp"), "tensor parallel size")
+    tensor_parallel_size: int = opt(
+        1, ("--tensor-parallel-size", "-tp"),
+        "tensor parallel size: the model's layers split across this many processes (CPU, "
+        "gloo, so far); see docs/parallelism.md",
+    )
     data_parallel_size: int = opt(1, ("--data-parallel-size", "-dp"), "data parallel size")
     enable_expert_parallel: bool = opt(
-        False, ("--enable-expert-parallel",), "expert parallelism for MoE"
+        False, ("--enable-expert-parallel",),
+        "MoE: split whole experts across the tensor-parallel ranks instead of every "
+        "expert's intermediate size",
     )
     enable_dp_attention: bool = opt(False, ("--enable-dp-attention",), "data-parallel attention")
 
@@ -306,13 +312,15 @@ class Config:
         """Refuse what this version does not implement, rather than ignoring it."""
         p, c = self.parallel_config, self.cache_config
         s, m = self.scheduler_config, self.model_config
-        if p.tensor_parallel_size != 1:
-            raise ConfigError("--tensor-parallel-size > 1 is not supported yet; run with -tp 1")
+        if p.tensor_parallel_size < 1:
+            raise ConfigError("--tensor-parallel-size must be >= 1")
+        if p.tensor_parallel_size > 1 and self.speculative_config.method is not None:
+            raise ConfigError("speculative decoding (--method) with --tensor-parallel-size > 1 "
+                              "is not supported yet")
         if p.data_parallel_size != 1:
             raise ConfigError("--data-parallel-size > 1 is not supported yet; run with -dp 1")
-        if p.enable_expert_parallel or p.enable_dp_attention:
-            raise ConfigError(
-                "--enable-expert-parallel / --enable-dp-attention are not supported yet")
+        if p.enable_dp_attention:
+            raise ConfigError("--enable-dp-attention is not supported yet")
         if self.compilation_config.level != 0:
             raise ConfigError(
                 f"--level {self.compilation_config.level} (torch.compile) is not supported yet; "

@@ -73,14 +73,15 @@ def test_load_dummy_forms(argv, mode):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["-tp", "2"], "--tensor-parallel-size > 1 is not supported yet"),
+        (["-tp", "0"], "--tensor-parallel-size must be >= 1"),
+        (["-tp", "2", "--method", "ngram"], "with --tensor-parallel-size > 1 is not supported"),
         (["--data-parallel-size", "2"], "--data-parallel-size > 1"),
         (["--method", "nope"], "unknown --method .nope.; registered: draft_model, eagle3, mtp, "
                                "ngram"),
         (["--trust-remote-code"], "--trust-remote-code is not supported"),
         (["--block-size", "12"], "power of two"),
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization"),
-        (["--enable-expert-parallel"], "not supported yet"),
+        (["--enable-dp-attention"], "not supported yet"),
         (["--level", "3"], "torch.compile"),
         (["--prefill-cudagraph-sizes", "1", "64"], "2 or more"),
         (["--mixed-prefill-tokens", "-1"], "must be >= 0"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from typing import Any
 import torch
 
 from atom_core.config import Config
+from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
+from atom_core.distributed.workers import RankWorkers
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
@@ -64,6 +67,11 @@ class _Request:
     pieces: list[str] = field(default_factory=list)
 
 
+def _stop_workers(workers: RankWorkers) -> None:
+    workers.close()
+    destroy_tensor_parallel()
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -102,6 +110,39 @@ class LLMEngine:
         torch.manual_seed(mc.seed)
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
+        self.workers = self._start_workers()
+        try:
+            self._build(config, sc, detokenize)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_workers(self) -> RankWorkers | None:
+        """With ``-tp`` N > 1: ranks 1..N-1 started and the group joined as rank 0."""
+        par = self.config.parallel_config
+        if par.tensor_parallel_size == 1:
+            return None
+        if self.device.type != "cpu":
+            raise ConfigError("--tensor-parallel-size > 1 runs on CPU (gloo) so far; GPU "
+                              "workers are not built yet: use --device cpu or -tp 1")
+        workers = RankWorkers(self.config, par.tensor_parallel_size, par.enable_expert_parallel)
+        try:
+            init_tensor_parallel(0, workers.size, workers.init_method,
+                                 expert_parallel=workers.expert_parallel)
+        except BaseException:
+            workers.close()
+            raise
+        self._finalizer = weakref.finalize(self, _stop_workers, workers)
+        return workers
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the engine is collected
+        or the process exits)."""
+        if self.workers is not None:
+            self._finalizer()
+            self.workers = None
+
+    def _build(self, config: Config, sc: Any, detokenize: bool) -> None:
         loaded = load_model(config, self.device, self.dtype)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
@@ -122,6 +163,8 @@ class LLMEngine:
             ctx = ProposerContext(config, loaded.model, self.hf_config, self.device, self.dtype)
             self.speculator = Speculator(config, self.max_model_len, ctx)
         self.runner = ModelRunner(config, loaded, self.device, self.dtype, self.speculator)
+        if self.workers is not None:  # every rank's cache holds the same blocks
+            self.workers.send(self.runner.num_blocks)
         capacity = self.runner.num_blocks * config.cache_config.block_size
         if capacity < self.max_model_len:
             raise ConfigError(
@@ -328,7 +371,7 @@ class LLMEngine:
             finished += self._read(pending)
         if not batch.seqs:
             return finished
-        out = self.runner.execute(batch)
+        out = self._execute(batch)
         finished += self._process(batch.seqs, out)
         # After the tokens are appended: a verified draft is computed and in the token ids
         # before the scheduler hashes the blocks it fills.
@@ -342,6 +385,16 @@ class LLMEngine:
             else:
                 self.speculator.propose(self.scheduler.running)
         return finished
+
+    def _execute(self, batch: ScheduledBatch) -> StepOutput:
+        if self.workers is None:
+            return self.runner.execute(batch)
+        self.workers.send(batch)
+        try:
+            return self.runner.execute(batch)
+        except RuntimeError:  # a collective whose peer is gone
+            self.workers.check()
+            raise
 
     def print_mtp_statistics(self) -> None:
         """Print speculative decoding's acceptance statistics (the guide's MTP statistics)."""
@@ -369,6 +422,7 @@ class LLMEngine:
         return (
             self.config.scheduler_config.async_scheduling
             and self.speculator is None
+            and self.workers is None
             and self.runner.decode_inputs is not None
             and all(
                 self._host_free_sampling(s.sampling_params)

@@ -1,0 +1,71 @@
+"""``LLMEngine`` with ``-tp 2`` on CPU: a worker process for rank 1, the scheduler on rank 0.
+Greedy tokens and their log-probabilities equal one process's; a worker that dies fails
+the engine with its rank named, and no worker outlives the engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from atom_core.engine.llm_engine import LLMEngine
+from atom_core.errors import ConfigError, EngineDeadError
+from atom_core.sampling_params import SamplingParams
+from atom_core.testing.tiny_models import tiny_model_dir
+
+PROMPTS = [[5, 9, 3, 7, 1, 2], [11, 2, 8], [4, 4, 6, 10, 12, 14, 16, 18, 20, 22]]
+OPTS = dict(device="cpu", enable_log_stats=False, block_size=4, max_model_len=64)
+
+
+def greedy(engine: LLMEngine) -> list[tuple[list[int], list[float]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    outs = engine.generate(PROMPTS, params)
+    return [(o["token_ids"], [e.logprob for e in o["logprobs"]]) for o in outs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, extra", [
+    ("qwen3", {}), ("qwen3_moe", {}), ("deepseek_v2", {"enable_expert_parallel": True}),
+])
+def test_two_ranks_generate_what_one_process_does(kind, extra):
+    path = str(tiny_model_dir(kind))
+    want = greedy(LLMEngine(path, **OPTS))
+    engine = LLMEngine(path, tensor_parallel_size=2, **extra, **OPTS)
+    try:
+        got = greedy(engine)
+    finally:
+        engine.shutdown()
+    for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want):
+        assert g_ids == w_ids
+        assert g_lps == pytest.approx(w_lps, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_dead_worker_fails_the_engine_and_none_is_left_behind():
+    engine = LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
+    worker = engine.workers.procs[0]
+    greedy(engine)  # all ranks working
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=10)
+    start = time.monotonic()
+    with pytest.raises(EngineDeadError, match="tensor-parallel rank 1 died"):
+        greedy(engine)
+    assert time.monotonic() - start < 5
+    engine.shutdown()
+
+    engine = LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
+    worker = engine.workers.procs[0]
+    engine.shutdown()
+    assert worker.poll() == 0  # stopped when asked
+
+
+def test_tensor_parallel_on_a_gpu_is_refused_by_name(monkeypatch):
+    import torch
+
+    import atom_core.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(llm_engine, "resolve_device", lambda name: torch.device("cuda"))
+    with pytest.raises(ConfigError, match="runs on CPU .gloo. so far"):
+        LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
