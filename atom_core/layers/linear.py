@@ -19,6 +19,7 @@ from torch import nn
 
 from atom_core.distributed.collectives import all_reduce
 from atom_core.distributed.state import tp_rank_and_size
+from atom_core.errors import ConfigError
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
@@ -35,9 +36,11 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
     param.data.copy_(loaded_weight)
 
 
-def _divide(numerator: int, denominator: int) -> int:
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    """numerator / denominator, or a ConfigError saying what does not split evenly."""
     if numerator % denominator:
-        raise ValueError(f"{numerator} is not divisible by tensor parallel size {denominator}")
+        raise ConfigError(f"{what}: {numerator} does not split evenly into {denominator} "
+                          "(--tensor-parallel-size)")
     return numerator // denominator
 
 
@@ -114,7 +117,8 @@ class ColumnParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         _, tp_size = tp_rank_and_size()
-        super().__init__(input_size, _divide(output_size, tp_size), bias, tp_dim=0)
+        out = _divide(output_size, tp_size, "a column-parallel layer's output features")
+        super().__init__(input_size, out, bias, tp_dim=0)
 
 
 class RowParallelLinear(LinearBase):
@@ -122,7 +126,8 @@ class RowParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         _, tp_size = tp_rank_and_size()
-        super().__init__(_divide(input_size, tp_size), output_size, bias, tp_dim=1)
+        inp = _divide(input_size, tp_size, "a row-parallel layer's input features")
+        super().__init__(inp, output_size, bias, tp_dim=1)
 
     def forward(
         self, x: torch.Tensor, add_norm: AddNorm | None = None
@@ -174,12 +179,13 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_kv_heads = total_num_kv_heads or total_num_heads
         _, tp_size = tp_rank_and_size()
         self.head_size = head_size
-        self.num_heads = _divide(total_num_heads, tp_size)
+        self.num_heads = _divide(total_num_heads, tp_size, "the attention heads")
         if tp_size >= total_num_kv_heads:
             self.num_kv_heads = 1
-            self.num_kv_head_replicas = _divide(tp_size, total_num_kv_heads)
+            self.num_kv_head_replicas = _divide(
+                tp_size, total_num_kv_heads, "ranks over the KV heads they replicate")
         else:
-            self.num_kv_heads = _divide(total_num_kv_heads, tp_size)
+            self.num_kv_heads = _divide(total_num_kv_heads, tp_size, "the KV heads")
             self.num_kv_head_replicas = 1
         output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
         super().__init__(hidden_size, output_size, bias)

@@ -24,6 +24,7 @@ from torch import nn
 
 from atom_core.distributed.collectives import all_reduce
 from atom_core.distributed.state import tensor_parallel
+from atom_core.errors import ConfigError
 from atom_core.layers.context import get_build_context
 from atom_core.layers.linear import default_weight_loader
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
@@ -133,11 +134,11 @@ class FusedMoE(nn.Module):
         # The slice of I this rank holds: all of it under expert parallelism.
         self.tp_rank, self.inter_ranks = (0, 1) if self.expert_parallel else (tp.rank, tp.size)
         if intermediate_size % self.inter_ranks:
-            raise ValueError(
-                f"{intermediate_size} is not divisible by tensor parallel size {tp.size}")
+            raise ConfigError(f"the experts' intermediate size {intermediate_size} does not "
+                              f"split evenly into {tp.size} (--tensor-parallel-size)")
         if self.expert_parallel and num_experts % tp.size:
-            raise ValueError(f"{num_experts} experts do not split evenly across {tp.size} "
-                             "expert-parallel ranks")
+            raise ConfigError(f"{num_experts} experts do not split evenly across {tp.size} "
+                              "expert-parallel ranks")
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size // self.inter_ranks

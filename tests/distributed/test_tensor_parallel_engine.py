@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from atom_core.distributed.workers import RankWorkers
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.errors import ConfigError, EngineDeadError
 from atom_core.sampling_params import SamplingParams
@@ -69,3 +70,19 @@ def test_tensor_parallel_on_a_gpu_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(llm_engine, "resolve_device", lambda name: torch.device("cuda"))
     with pytest.raises(ConfigError, match="runs on CPU .gloo. so far"):
         LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
+
+
+@pytest.mark.slow
+def test_heads_that_do_not_split_are_one_error_and_stop_the_workers(monkeypatch):
+    """The embedded SmolLM2 has 9 attention heads: -tp 2 cannot split them."""
+    started = []
+    init = RankWorkers.__init__
+
+    def record(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        started.extend(self.procs)
+
+    monkeypatch.setattr(RankWorkers, "__init__", record)
+    with pytest.raises(ConfigError, match="the attention heads: 9 does not split evenly into 2"):
+        LLMEngine(tensor_parallel_size=2, **OPTS)
+    assert len(started) == 1 and started[0].poll() is not None
