@@ -99,7 +99,11 @@ class ParallelConfig:
         "tensor parallel size: the model's layers split across this many processes (CPU, "
         "gloo, so far); see docs/parallelism.md",
     )
-    data_parallel_size: int = opt(1, ("--data-parallel-size", "-dp"), "data parallel size")
+    data_parallel_size: int = opt(
+        1, ("--data-parallel-size", "-dp"),
+        "atom serve: this many engine replicas, each with the whole model, behind one "
+        "frontend; a request goes to the replica with the fewest tokens outstanding",
+    )
     enable_expert_parallel: bool = opt(
         False, ("--enable-expert-parallel",),
         "MoE: split whole experts across the tensor-parallel ranks instead of every "
@@ -317,8 +321,8 @@ class Config:
         if p.tensor_parallel_size > 1 and self.speculative_config.method is not None:
             raise ConfigError("speculative decoding (--method) with --tensor-parallel-size > 1 "
                               "is not supported yet")
-        if p.data_parallel_size != 1:
-            raise ConfigError("--data-parallel-size > 1 is not supported yet; run with -dp 1")
+        if p.data_parallel_size < 1:
+            raise ConfigError("--data-parallel-size must be >= 1")
         if p.enable_dp_attention:
             raise ConfigError("--enable-dp-attention is not supported yet")
         if self.compilation_config.level != 0:

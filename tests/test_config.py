@@ -75,7 +75,7 @@ def test_load_dummy_forms(argv, mode):
     [
         (["-tp", "0"], "--tensor-parallel-size must be >= 1"),
         (["-tp", "2", "--method", "ngram"], "with --tensor-parallel-size > 1 is not supported"),
-        (["--data-parallel-size", "2"], "--data-parallel-size > 1"),
+        (["--data-parallel-size", "0"], "--data-parallel-size must be >= 1"),
         (["--method", "nope"], "unknown --method .nope.; registered: draft_model, eagle3, mtp, "
                                "ngram"),
         (["--trust-remote-code"], "--trust-remote-code is not supported"),

@@ -1,10 +1,14 @@
-"""The frontend's handle on the engine process: requests out, per-step outputs in.
+"""The frontend's handle on the engine processes: requests out, per-step outputs in.
 
-One asyncio task reads the engine's StepOutputs (one message per step for all streams),
+With ``--data-parallel-size`` N the frontend starts N engine processes (replicas), each with
+the whole model and its own link, and sends each request to the replica with the fewest
+tokens outstanding (prompt plus the most it may generate, of the requests it holds). One
+asyncio task per replica reads its StepOutputs (one message per step for all its streams),
 turns each request's new tokens into text (its RequestText: detokenizing, stop strings),
 and puts a RequestDelta in that request's StreamOutputCollector. A stop string found here
-aborts the request in the engine; so does a consumer that stops reading (a client
-disconnect). Requests arrive checked (check_request, in the HTTP handlers).
+aborts the request in its replica; so does a consumer that stops reading (a client
+disconnect). Requests arrive checked (check_request, in the HTTP handlers). A replica that
+dies takes the server with it, as a lone engine's death does.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from atom_core.engine.core_messages import (
     EngineFailed,
     EngineReady,
     EngineStats,
+    SpecDecodeCounts,
     StepOutputs,
     TokenOutput,
     encoder,
@@ -56,9 +61,30 @@ STARTUP_TIMEOUT_S = 1800.0
 
 
 @dataclass
+class _Replica:
+    """One engine process and its link."""
+
+    index: int
+    link: LinkServer
+    process: Any  # multiprocessing's spawned Process
+    outstanding: int = 0  # tokens of the requests it holds: prompt + max_tokens
+    stats: EngineStats | None = None  # its latest
+
+    @property
+    def out(self) -> Any:
+        return self.link.out
+
+    @property
+    def inp(self) -> Any:
+        return self.link.inp
+
+
+@dataclass
 class _Stream:
     collector: StreamOutputCollector
     text: RequestText
+    replica: _Replica
+    cost: int  # what it adds to its replica's outstanding tokens
     finished: bool = False
     # time.monotonic(): the HTTP request's arrival, its hand-over to the engine, and its
     # first delta's to the response (for RequestPhases).
@@ -92,21 +118,16 @@ class EngineClient:
         self._streams: dict[str, _Stream] = {}
         self._replies: dict[int, asyncio.Future] = {}
         self._call_ids = itertools.count(1)
-        self._reader: asyncio.Task | None = None
-        self._link = LinkServer()
-        self._out = self._link.out
-        self._in = self._link.inp
-        spawn = mp.get_context("spawn")
-        self.process = spawn.Process(
-            target=run_engine_core,
-            args=(config, self._link.link, os.getpid(), logging.getLogger().level),
-            name="atom-engine-core",
-            daemon=True,
-        )
+        self._readers: list[asyncio.Task] = []
+        self.replicas: list[_Replica] = []
+        par = config.parallel_config
+        # Each replica is a whole engine of its own: data parallelism stops here.
+        one = replace(config, parallel_config=replace(par, data_parallel_size=1))
         try:
-            self.process.start()
+            for i in range(par.data_parallel_size):
+                self.replicas.append(self._start_replica(i, one))
         except BaseException:
-            self._link.close()
+            self.abandon()
             raise
         try:
             self.tokenizer, self.chat_template = load_tokenizer(config)
@@ -120,21 +141,28 @@ class EngineClient:
 
     # --- life cycle ----------------------------------------------------------------------
 
+    @staticmethod
+    def _start_replica(index: int, config: Config) -> _Replica:
+        link = LinkServer()
+        spawn = mp.get_context("spawn")
+        process = spawn.Process(
+            target=run_engine_core,
+            args=(config, link.link, os.getpid(), logging.getLogger().level),
+            name=f"atom-engine-core-{index}" if index else "atom-engine-core",
+            daemon=True,
+        )
+        try:
+            process.start()
+        except BaseException:
+            link.close()
+            raise
+        return _Replica(index, link, process)
+
     async def start(self) -> None:
-        """Wait until the engine process (started in ``__init__``) has loaded its model."""
+        """Wait until every engine process (started in ``__init__``) has loaded its model."""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if await self._in.poll(int(HEALTH_POLL_S * 1000)):
-                msg = from_engine_decoder.decode(await self._in.recv())
-                if isinstance(msg, EngineReady):
-                    break
-                if isinstance(msg, EngineFailed):
-                    raise ConfigError(f"the engine failed to start: {msg.message}")
-            elif not self.process.is_alive():
-                code = self.process.exitcode
-                raise ConfigError(f"the engine process exited during start-up (code {code})")
-            elif time.monotonic() > deadline:
-                raise ConfigError("the engine did not start in time")
+        for replica in self.replicas:
+            msg = await self._wait_ready(replica, deadline)
         self.ready = msg
         self.max_model_len = msg.max_model_len
         self.vocab_size = msg.vocab_size
@@ -143,32 +171,53 @@ class EngineClient:
                 "the tokenizer has %d tokens, the model's vocabulary %d: prompts holding ids "
                 "past it are refused (400)", len(self.tokenizer), msg.vocab_size,
             )
-        self._reader = asyncio.create_task(self._read_loop(), name="atom-engine-reader")
+        self._readers = [asyncio.create_task(self._read_loop(r), name=f"atom-engine-reader-{i}")
+                         for i, r in enumerate(self.replicas)]
+
+    @staticmethod
+    async def _wait_ready(replica: _Replica, deadline: float) -> EngineReady:
+        name = f"engine replica {replica.index}" if replica.index else "engine"
+        while True:
+            if await replica.inp.poll(int(HEALTH_POLL_S * 1000)):
+                msg = from_engine_decoder.decode(await replica.inp.recv())
+                if isinstance(msg, EngineReady):
+                    return msg
+                if isinstance(msg, EngineFailed):
+                    raise ConfigError(f"the {name} failed to start: {msg.message}")
+            elif not replica.process.is_alive():
+                code = replica.process.exitcode
+                raise ConfigError(f"the {name} process exited during start-up (code {code})")
+            elif time.monotonic() > deadline:
+                raise ConfigError(f"the {name} did not start in time")
 
     async def shutdown(self) -> None:
-        if self.process.is_alive():
-            try:
-                await self._out.send(encoder.encode(Control("shutdown")))
-            except zmq.ZMQError:
-                pass
-            await asyncio.to_thread(self.process.join, 10)
-            if self.process.is_alive():
-                self.process.kill()
-        if self._reader is not None:
-            self._reader.cancel()
-        self._link.close()
+        for replica in self.replicas:
+            if replica.process.is_alive():
+                try:
+                    await replica.out.send(encoder.encode(Control("shutdown")))
+                except zmq.ZMQError:
+                    pass
+        for replica in self.replicas:
+            await asyncio.to_thread(replica.process.join, 10)
+            if replica.process.is_alive():
+                replica.process.kill()
+        for reader in self._readers:
+            reader.cancel()
+        for replica in self.replicas:
+            replica.link.close()
 
     def abandon(self) -> None:
-        """Start-up failed: kill the engine process (it may still be loading, and would not
-        read a shutdown message until it is done) and close the link."""
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(10)
-        self._link.close()
+        """Start-up failed: kill the engine processes (they may still be loading, and would
+        not read a shutdown message until done) and close their links."""
+        for replica in self.replicas:
+            if replica.process.is_alive():
+                replica.process.kill()
+            replica.process.join(10)
+            replica.link.close()
 
     @property
     def is_healthy(self) -> bool:
-        return self.dead_reason is None and self.process.is_alive()
+        return self.dead_reason is None and all(r.process.is_alive() for r in self.replicas)
 
     def _check_alive(self) -> None:
         if not self.is_healthy:
@@ -177,23 +226,25 @@ class EngineClient:
 
     # --- the read loop -------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, replica: _Replica) -> None:
+        name = f"engine replica {replica.index}: " if len(self.replicas) > 1 else ""
         try:
             while True:
-                if not await self._in.poll(int(HEALTH_POLL_S * 1000)):
-                    if not self.process.is_alive():
-                        self._engine_died(f"engine process exited (code {self.process.exitcode})")
+                if not await replica.inp.poll(int(HEALTH_POLL_S * 1000)):
+                    if not replica.process.is_alive():
+                        code = replica.process.exitcode
+                        self._engine_died(f"{name}engine process exited (code {code})")
                         return
                     continue
-                msg = from_engine_decoder.decode(await self._in.recv())
+                msg = from_engine_decoder.decode(await replica.inp.recv())
                 if isinstance(msg, StepOutputs):
-                    self._dispatch(msg)
+                    self._dispatch(replica, msg)
                 elif isinstance(msg, ControlReply):
                     fut = self._replies.pop(msg.call_id, None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
                 elif isinstance(msg, EngineFailed):
-                    self._engine_died(msg.message)
+                    self._engine_died(f"{name}{msg.message}")
                     return
         except asyncio.CancelledError:
             raise
@@ -215,9 +266,11 @@ class EngineClient:
         for listener in self.death_listeners:
             listener(reason)
 
-    def _dispatch(self, msg: StepOutputs) -> None:
+    def _dispatch(self, replica: _Replica, msg: StepOutputs) -> None:
+        replica.stats = msg.stats
+        stats = msg.stats if len(self.replicas) == 1 else self._all_replicas(msg.stats)
         for listener in self.stats_listeners:
-            listener(msg.stats)
+            listener(stats)
         stop_aborts: list[str] = []
         for out in msg.outputs:
             stream = self._streams.get(out.request_id)
@@ -236,7 +289,28 @@ class EngineClient:
                     listener(delta)
             stream.collector.put(delta)
         if stop_aborts:
-            self._out.send(encoder.encode(AbortRequests(stop_aborts)))
+            replica.out.send(encoder.encode(AbortRequests(stop_aborts)))
+
+    def _all_replicas(self, step: EngineStats) -> EngineStats:
+        """The replicas' latest stats as one engine's: counts and cumulative counters summed,
+        cache usage averaged; this step's token counts are ``step``'s own."""
+        seen = [r.stats for r in self.replicas if r.stats is not None]
+        specs = [s.spec_decode for s in seen if s.spec_decode is not None]
+        spec = None
+        if specs:
+            width = max(len(s.accepted_per_position) for s in specs)
+            spec = SpecDecodeCounts(
+                sum(s.draft_tokens for s in specs), sum(s.accepted_tokens for s in specs),
+                sum(s.verifications for s in specs),
+                [sum(s.accepted_per_position[i] for s in specs
+                     if i < len(s.accepted_per_position)) for i in range(width)])
+        return EngineStats(
+            sum(s.num_running for s in seen), sum(s.num_waiting for s in seen),
+            sum(s.kv_cache_usage for s in seen) / len(self.replicas),
+            sum(s.prefix_cache_queries for s in seen), sum(s.prefix_cache_hits for s in seen),
+            step.prompt_tokens, step.generation_tokens, sum(s.num_preemptions for s in seen),
+            spec,
+        )
 
     @staticmethod
     def _delta(stream: _Stream, out: TokenOutput) -> RequestDelta:
@@ -259,14 +333,17 @@ class EngineClient:
         if request_id in self._streams:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         text = RequestText(self.tokenizer, prompt_token_ids, params)
-        stream = _Stream(StreamOutputCollector(), text, received=received_at.get())
+        replica = min(self.replicas, key=lambda r: r.outstanding)
+        cost = len(prompt_token_ids) + (params.max_tokens or self.max_model_len)
+        stream = _Stream(StreamOutputCollector(), text, replica, cost, received=received_at.get())
         self._streams[request_id] = stream
+        replica.outstanding += cost
         # Stop strings are matched here, on text; the engine sees token ids only.
         engine_params = replace(params, stop_strings=None)
         try:
             add = AddRequest(request_id, list(prompt_token_ids), engine_params)
             stream.sent = time.monotonic()
-            await self._out.send(encoder.encode(add))
+            await replica.out.send(encoder.encode(add))
             while True:
                 delta = await stream.collector.get()
                 if stream.handed is None:
@@ -276,9 +353,10 @@ class EngineClient:
                     return
         finally:
             self._streams.pop(request_id, None)
+            replica.outstanding -= cost
             if not stream.finished and self.is_healthy:
                 # Not awaited: this also runs when the consumer was cancelled (disconnect).
-                self._out.send(encoder.encode(AbortRequests([request_id])))
+                replica.out.send(encoder.encode(AbortRequests([request_id])))
 
     async def abort(self, request_id: str) -> None:
         stream = self._streams.get(request_id)
@@ -286,32 +364,43 @@ class EngineClient:
             stream.finished = True
             stream.collector.put(RequestDelta(request_id, finished=True, finish_reason="abort"))
         if self.is_healthy:
-            await self._out.send(encoder.encode(AbortRequests([request_id])))
+            targets = [stream.replica] if stream is not None else self.replicas
+            for replica in targets:
+                await replica.out.send(encoder.encode(AbortRequests([request_id])))
 
     def abort_all(self, reason: str) -> int:
         """End every request in flight now, each with ``reason`` as its error (the server is
         stopping: its handlers answer 503 or a stream's error frame); returns how many."""
         rids = [rid for rid, stream in self._streams.items() if not stream.finished]
+        by_replica: dict[int, list[str]] = {}
         for rid in rids:
-            self._streams[rid].finished = True
-            self._streams[rid].collector.put(
+            stream = self._streams[rid]
+            stream.finished = True
+            stream.collector.put(
                 RequestDelta(rid, finished=True, finish_reason="abort", error=reason)
             )
+            by_replica.setdefault(stream.replica.index, []).append(rid)
         if rids and self.is_healthy:
-            self._out.send(encoder.encode(AbortRequests(rids)))  # not awaited, as in generate
+            for index, ids in by_replica.items():  # not awaited, as in generate
+                self.replicas[index].out.send(encoder.encode(AbortRequests(ids)))
         return len(rids)
 
     async def control(self, command: str, timeout: float = 300.0) -> ControlReply:
-        """Run an engine command (start_profile, stop_profile) and wait for its reply."""
+        """Run an engine command (start_profile, stop_profile) on every replica and wait for
+        their replies: the first that failed, else the first."""
         self._check_alive()
-        call_id = next(self._call_ids)
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._replies[call_id] = fut
-        await self._out.send(encoder.encode(Control(command, call_id)))
+        calls = {}
+        for replica in self.replicas:
+            call_id = next(self._call_ids)
+            calls[call_id] = asyncio.get_running_loop().create_future()
+            self._replies[call_id] = calls[call_id]
+            await replica.out.send(encoder.encode(Control(command, call_id)))
         try:
-            return await asyncio.wait_for(fut, timeout)
+            replies = await asyncio.wait_for(asyncio.gather(*calls.values()), timeout)
         finally:
-            self._replies.pop(call_id, None)
+            for call_id in calls:
+                self._replies.pop(call_id, None)
+        return next((r for r in replies if not r.ok), replies[0])
 
     @property
     def num_streams(self) -> int:
@@ -324,4 +413,5 @@ class EngineClient:
             "max_model_len": self.max_model_len,
             "architecture": r.architecture if r else None,
             "num_kv_blocks": r.num_kv_blocks if r else None,
+            "data_parallel_size": len(self.replicas),
         }

@@ -105,6 +105,10 @@ class LLMEngine:
             config = Config.from_kwargs(model=model, **kwargs)
         elif model is not None or kwargs:
             raise ConfigError("pass either config= or model/keyword options, not both")
+        if config.parallel_config.data_parallel_size != 1:
+            raise ConfigError("--data-parallel-size > 1 is served by `atom serve` (one engine "
+                              "replica per rank behind its frontend); an LLMEngine is one "
+                              "replica: use -dp 1")
         self.config = config
         mc, sc = config.model_config, config.scheduler_config
         torch.manual_seed(mc.seed)

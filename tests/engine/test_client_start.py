@@ -62,17 +62,18 @@ def test_a_failed_start_can_be_abandoned():
     engine fails: the engine, possibly still loading, is killed and the link removed."""
     config = config_for(tiny_model_dir("llama"), "--device", "cpu")
     client = engine_client.EngineClient(config)
-    link_dir = Path(client._link.dir)
-    assert client.process.is_alive() and client.tokenizer is not None
+    [replica] = client.replicas
+    link_dir = Path(replica.link.dir)
+    assert replica.process.is_alive() and client.tokenizer is not None
     assert stat.S_IMODE(link_dir.stat().st_mode) == 0o700
     assert sorted(p.name for p in link_dir.iterdir()) == ["from-engine", "to-engine"]
     t = time.monotonic()
     client.abandon()
-    assert not client.process.is_alive() and engines() == []
+    assert not replica.process.is_alive() and engines() == []
     assert time.monotonic() - t < 10
     assert not link_dir.exists()
     again = engine_client.EngineClient(config)  # a fresh link of its own
-    assert Path(again._link.dir) != link_dir
+    assert Path(again.replicas[0].link.dir) != link_dir
     again.abandon()
 
 

@@ -1,0 +1,56 @@
+"""``atom serve -dp 2``: two engine replicas behind one frontend. Concurrent greedy requests
+are spread over both (each replica's process works) and answer what one engine answers."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from atom_core.entrypoints.server_process import ServerProcess
+from atom_core.testing.tiny_models import tiny_model_dir
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [f"prompt number {i} says" for i in range(8)]
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def complete_all(srv: ServerProcess) -> list[str]:
+    def one(prompt: str) -> str:
+        body = {"prompt": prompt, "max_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+        r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=120)
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(one, PROMPTS))
+
+
+def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
+    model = tiny_model_dir("llama")
+    flags = ("--device", "cpu", "--max-model-len", "256")
+    one = ServerProcess(model, *flags, log=tmp_path / "one.log").wait_ready()
+    try:
+        want = complete_all(one)
+    finally:
+        one.stop()
+    two = ServerProcess(model, *flags, "-dp", "2", log=tmp_path / "two.log").wait_ready()
+    try:
+        engines = two.engine_pids()
+        assert len(engines) == 2
+        before = [cpu_seconds(pid) for pid in engines]
+        got = complete_all(two)
+        worked = [cpu_seconds(pid) - b for pid, b in zip(engines, before)]
+    finally:
+        two.stop()
+    assert got == want
+    # Each replica computed some of the requests: an idle engine only polls its link.
+    assert min(worked) > 0.2, worked
