@@ -44,6 +44,7 @@ from atom_core.engine.core_messages import (
 )
 from atom_core.engine.core_process import run_engine_core
 from atom_core.engine.output import RequestText
+from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.request_stream import (
     RequestDelta,
     RequestPhases,
@@ -121,11 +122,9 @@ class EngineClient:
         self._readers: list[asyncio.Task] = []
         self.replicas: list[_Replica] = []
         par = config.parallel_config
-        # Each replica is a whole engine of its own: data parallelism stops here.
-        one = replace(config, parallel_config=replace(par, data_parallel_size=1))
         try:
             for i in range(par.data_parallel_size):
-                self.replicas.append(self._start_replica(i, one))
+                self.replicas.append(self._start_replica(i, self._replica_config(config, i)))
         except BaseException:
             self.abandon()
             raise
@@ -140,6 +139,18 @@ class EngineClient:
             raise
 
     # --- life cycle ----------------------------------------------------------------------
+
+    @staticmethod
+    def _replica_config(config: Config, index: int) -> Config:
+        """Replica ``index``'s engine config: one replica (data parallelism stops here), its
+        profiler traces under ``dp{index}_tp0/`` when there are several."""
+        par, obs = config.parallel_config, config.observability_config
+        one = replace(config, parallel_config=replace(par, data_parallel_size=1))
+        traces = profiler_dir(obs.torch_profiler_dir)
+        if par.data_parallel_size > 1 and traces is not None:
+            one = replace(one, observability_config=replace(
+                obs, torch_profiler_dir=os.path.join(traces, f"dp{index}_tp0")))
+        return one
 
     @staticmethod
     def _start_replica(index: int, config: Config) -> _Replica:

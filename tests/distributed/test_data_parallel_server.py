@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atom_core.config import Config
+from atom_core.engine.client import EngineClient
 from atom_core.entrypoints.server_process import ServerProcess
 from atom_core.testing.tiny_models import tiny_model_dir
-
-pytestmark = pytest.mark.slow
 
 PROMPTS = [f"prompt number {i} says" for i in range(8)]
 
@@ -34,6 +34,7 @@ def complete_all(srv: ServerProcess) -> list[str]:
         return list(pool.map(one, PROMPTS))
 
 
+@pytest.mark.slow
 def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
     model = tiny_model_dir("llama")
     flags = ("--device", "cpu", "--max-model-len", "256")
@@ -54,3 +55,12 @@ def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
     assert got == want
     # Each replica computed some of the requests: an idle engine only polls its link.
     assert min(worked) > 0.2, worked
+
+
+@pytest.mark.parametrize("dp, traces", [(1, "/t"), (2, "/t/dp1_tp0")])
+def test_each_replica_is_one_engine_with_traces_of_its_own(dp, traces):
+    config = Config.from_kwargs(data_parallel_size=dp, torch_profiler_dir="/t")
+    replica = EngineClient._replica_config(config, dp - 1)
+    assert replica.parallel_config.data_parallel_size == 1
+    assert replica.observability_config.torch_profiler_dir == traces
+    assert config.parallel_config.data_parallel_size == dp  # the server's own is unchanged
