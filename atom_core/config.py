@@ -110,6 +110,21 @@ class ParallelConfig:
         "expert's intermediate size",
     )
     enable_dp_attention: bool = opt(False, ("--enable-dp-attention",), "data-parallel attention")
+    nnodes: int = opt(
+        1, ("--nnodes",), "machines the tensor-parallel ranks span (tp / nnodes ranks each)"
+    )
+    node_rank: int = opt(
+        0, ("--node-rank",),
+        "this machine's index: 0 runs the server and rank 0; any other starts only its ranks",
+    )
+    master_addr: str | None = opt(
+        None, ("--master-addr",),
+        "node 0's address, where the ranks meet (default: $MASTER_ADDR, else 127.0.0.1)",
+    )
+    master_port: int | None = opt(
+        None, ("--master-port",),
+        "the port the ranks meet on (default: $MASTER_PORT; with one node, a free port)",
+    )
 
 
 @dataclass
@@ -323,6 +338,17 @@ class Config:
                               "is not supported yet")
         if p.data_parallel_size < 1:
             raise ConfigError("--data-parallel-size must be >= 1")
+        if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
+            raise ConfigError(f"--node-rank {p.node_rank} is not one of --nnodes {p.nnodes}")
+        if p.tensor_parallel_size % p.nnodes:
+            raise ConfigError(f"--tensor-parallel-size {p.tensor_parallel_size} does not "
+                              f"split evenly over --nnodes {p.nnodes}")
+        if p.nnodes > 1 and p.data_parallel_size > 1:
+            raise ConfigError("--data-parallel-size > 1 over several nodes is not supported "
+                              "yet: span nodes with --tensor-parallel-size")
+        if p.nnodes > 1 and p.master_port is None and "MASTER_PORT" not in os.environ:
+            raise ConfigError("--nnodes > 1 needs --master-port (or $MASTER_PORT): where the "
+                              "nodes' ranks meet")
         if p.enable_dp_attention:
             raise ConfigError("--enable-dp-attention is not supported yet")
         if self.compilation_config.level != 0:

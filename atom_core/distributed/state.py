@@ -4,13 +4,21 @@ One process per rank; ``init_tensor_parallel`` joins the default torch.distribut
 (gloo on CPU, NCCL on GPUs) and records it for the layers, which read ``tp_rank_and_size``
 when they are built and split their weights accordingly. With no group initialised a
 process is a group of one (rank 0 of 1), and every collective is the identity.
+
+A second group, ``control`` (gloo), carries rank 0's orders to the other ranks
+(``workers.py``). Its waits, and the data group's, have a timeout of weeks: a worker waits
+in a broadcast for as long as the engine idles. A rank that dies closes its connections,
+which its peers see at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
+
+IDLE_TIMEOUT = timedelta(weeks=4)
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,7 @@ class TensorParallel:
     # MoE experts split across the ranks, each whole (--enable-expert-parallel), rather
     # than every expert's intermediate size split.
     expert_parallel: bool = False
+    control: dist.ProcessGroup | None = None  # gloo: rank 0's orders to the others
 
 
 _state = TensorParallel(0, 1, None)
@@ -36,8 +45,9 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str = 
     if size > 1:
         if not dist.is_initialized():
             dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                    world_size=size)
-        _state = TensorParallel(rank, size, dist.group.WORLD, expert_parallel)
+                                    world_size=size, timeout=IDLE_TIMEOUT)
+        control = dist.new_group(list(range(size)), backend="gloo", timeout=IDLE_TIMEOUT)
+        _state = TensorParallel(rank, size, dist.group.WORLD, expert_parallel, control)
     else:
         _state = TensorParallel(0, 1, None)
 

@@ -1,28 +1,33 @@
 """A tensor-parallel worker (rank >= 1): ``python -m atom_core.distributed.worker``, started
-by the engine (``workers.RankWorkers``), which writes its orders to this process's stdin:
-(rank, size, init_method, config, expert_parallel), then the KV cache's block count, then
-one scheduled batch per step, and None to stop."""
+by ``workers.RankWorkers``. Its stdin holds (rank, size, init_method, config,
+expert_parallel); then rank 0 broadcasts the KV cache's block count, one scheduled batch
+per step, and None to stop."""
 
 from __future__ import annotations
 
 import logging
+import pickle
+import signal
 import sys
 
 import torch
 
 from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
-from atom_core.distributed.workers import read_message
+from atom_core.distributed.workers import broadcast
 
 
 def main() -> int:
-    stdin = sys.stdin.buffer
-    try:
-        rank, size, init_method, config, expert_parallel = read_message(stdin)
-    except EOFError:
+    data = sys.stdin.buffer.read()
+    if not data:
         return 0
+    rank, size, init_method, config, expert_parallel = pickle.loads(data)
+    # A signal to the process group (Ctrl+C, a supervisor's SIGTERM) is the engine's or the
+    # node launcher's to act on: the worker follows rank 0, or is killed by its launcher.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
-    # Imported after the group's arguments: the engine's modules load the plugins.
+    # Imported after the arguments are read: the engine's modules load the plugins.
     from atom_core.engine.llm_engine import resolve_device, resolve_dtype
     from atom_core.engine.model_runner import ModelRunner
     from atom_core.loader import load_model
@@ -34,12 +39,16 @@ def main() -> int:
     init_tensor_parallel(rank, size, init_method, expert_parallel=expert_parallel)
     try:
         loaded = load_model(config, device, dtype)
-        config.cache_config.num_gpu_blocks_override = read_message(stdin)
+        blocks = broadcast(None)
+        if blocks is None:  # rank 0 stopped before it planned the cache
+            return 0
+        config.cache_config.num_gpu_blocks_override = blocks
         runner = ModelRunner(config, loaded, device, dtype)
-        while (batch := read_message(stdin)) is not None:
+        while (batch := broadcast(None)) is not None:
             runner.execute(batch)
-    except EOFError:  # the engine is gone
-        return 0
+    except RuntimeError as exc:  # rank 0 (or another peer) is gone
+        logging.getLogger(__name__).warning("rank %d exiting: %s", rank, exc)
+        return 1
     finally:
         destroy_tensor_parallel()
     return 0

@@ -1,13 +1,13 @@
-"""Ranks 1..N-1 of a tensor-parallel engine on this machine, as child processes of the
-engine (rank 0).
+"""The tensor-parallel ranks other than the engine (rank 0): started as child processes of
+the engine for its own node, or of ``atom serve --node-rank R`` on another node.
 
-Rank 0 schedules; every step it sends the scheduled batch to each worker, and all ranks
-run the same model runner on it, so their collectives meet in the same order (rank 0's
-sampled tokens are the ones kept). The command channel is each worker's stdin, pickled
-messages with a length prefix: a worker waits on it between steps for as long as the
-engine idles, and reads end-of-file (then exits) when the engine's process is gone, so no
-worker outlives it. A worker that dies is seen at the next send, or by the collective it
-leaves its peers waiting in, and the engine fails with the rank and its exit code.
+Rank 0 schedules; every step it broadcasts the scheduled batch over the group's control
+channel (gloo, ``state.py``), and all ranks run the same model runner on it, so their
+collectives meet in the same order (rank 0's sampled tokens are the ones kept). A worker's
+start-up arguments come on its stdin (one pickled message, then end-of-file). A rank that
+dies closes its connections: the others' next broadcast or collective fails at once, the
+engine with ``EngineDeadError`` (naming the rank when it is a child of this process) and a
+worker by exiting, so no worker outlives the engine.
 """
 
 from __future__ import annotations
@@ -16,35 +16,17 @@ import logging
 import os
 import pickle
 import socket
-import struct
 import subprocess
 import sys
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import Any
 
+import torch.distributed as dist
+
+from atom_core.distributed.state import tensor_parallel
 from atom_core.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
-
-_HEADER = struct.Struct("<Q")
-
-
-def write_message(stream: IO[bytes], message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)))
-    stream.write(data)
-    stream.flush()
-
-
-def read_message(stream: IO[bytes]) -> Any:
-    """The next message; EOFError when the writer is gone."""
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        raise EOFError
-    (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError
-    return pickle.loads(data)
 
 
 def free_port() -> int:
@@ -53,53 +35,60 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RankWorkers:
-    """Start ranks 1..size-1 for ``config`` (each runs ``atom_core.distributed.worker``)."""
+def broadcast(message: Any) -> Any:
+    """Rank 0's ``message`` on every rank (the others pass None and get it)."""
+    box = [message]
+    dist.broadcast_object_list(box, src=0, group=tensor_parallel().control)
+    return box[0]
 
-    def __init__(self, config: Any, size: int, expert_parallel: bool) -> None:
+
+class RankWorkers:
+    """Start the worker processes of ``ranks`` (each runs ``atom_core.distributed.worker``)
+    for a group of ``size`` meeting at ``init_method``."""
+
+    def __init__(self, config: Any, ranks: Sequence[int], size: int, init_method: str,
+                 expert_parallel: bool) -> None:
+        self.ranks = list(ranks)
         self.size = size
+        self.init_method = init_method
         self.expert_parallel = expert_parallel
-        self.init_method = f"tcp://127.0.0.1:{free_port()}"
         self.procs: list[subprocess.Popen] = []
         try:
-            for rank in range(1, size):
+            for rank in self.ranks:
                 proc = subprocess.Popen([sys.executable, "-m", "atom_core.distributed.worker"],
                                         stdin=subprocess.PIPE, env=os.environ.copy())
                 self.procs.append(proc)
-                self.send_to(rank, (rank, size, self.init_method, config, expert_parallel))
+                proc.stdin.write(pickle.dumps(
+                    (rank, size, init_method, config, expert_parallel)))
+                proc.stdin.close()
         except BaseException:
             self.close()
             raise
 
-    def send_to(self, rank: int, message: Any) -> None:
-        proc = self.procs[rank - 1]
-        try:
-            write_message(proc.stdin, message)
-        except (BrokenPipeError, OSError, ValueError):
-            self.check()
-            raise EngineDeadError(f"tensor-parallel rank {rank} stopped reading") from None
-
     def send(self, message: Any) -> None:
-        """``message`` to every worker, in rank order."""
+        """``message`` to every other rank (from rank 0)."""
         self.check()
-        for rank in range(1, self.size):
-            self.send_to(rank, message)
+        try:
+            broadcast(message)
+        except RuntimeError as exc:  # a peer closed its connections
+            self.check()
+            raise EngineDeadError(f"a tensor-parallel rank is gone: {exc}") from None
 
     def check(self) -> None:
-        """EngineDeadError naming the first worker that exited."""
-        for rank, proc in enumerate(self.procs, 1):
+        """EngineDeadError naming the first of these workers that exited."""
+        for rank, proc in zip(self.ranks, self.procs):
             code = proc.poll()
             if code is not None:
                 raise EngineDeadError(f"tensor-parallel rank {rank} died (exit code {code})")
 
+    def wait(self) -> int:
+        """Wait for every worker to exit; the first non-zero exit code, else 0."""
+        codes = [proc.wait() for proc in self.procs]
+        return next((c for c in codes if c), 0)
+
     def close(self, timeout: float = 10.0) -> None:
-        """Ask every worker to stop, and end those that do not."""
-        for proc in self.procs:
-            try:
-                write_message(proc.stdin, None)
-                proc.stdin.close()
-            except (BrokenPipeError, OSError, ValueError):
-                pass
+        """End the workers: they exit when the group's rank 0 stops (``stop``) or is gone;
+        those still running after ``timeout`` are killed."""
         for proc in self.procs:
             try:
                 proc.wait(timeout=timeout)
@@ -109,3 +98,11 @@ class RankWorkers:
                 proc.kill()
                 proc.wait()
         self.procs = []
+
+
+def stop_workers() -> None:
+    """From rank 0: tell every other rank to exit (their broadcast gets None)."""
+    try:
+        broadcast(None)
+    except RuntimeError:  # some are gone already
+        pass

@@ -190,6 +190,7 @@ def run_engine_core(
         push.send(encoder.encode(EngineFailed(f"{type(exc).__name__}: {exc}")))
     finally:
         engine.profiler.stop()
+        engine.shutdown()  # its tensor-parallel workers, if any, exit with it
         push.close(linger=1000)
         pull.close(linger=0)
         ctx.term()

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from atom_core.config import Config
+from atom_core.distributed.launch import node_ranks, rendezvous
 from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
-from atom_core.distributed.workers import RankWorkers
+from atom_core.distributed.workers import RankWorkers, stop_workers
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
@@ -68,6 +69,7 @@ class _Request:
 
 
 def _stop_workers(workers: RankWorkers) -> None:
+    stop_workers()
     workers.close()
     destroy_tensor_parallel()
 
@@ -122,19 +124,21 @@ class LLMEngine:
             raise
 
     def _start_workers(self) -> RankWorkers | None:
-        """With ``-tp`` N > 1: ranks 1..N-1 started and the group joined as rank 0."""
+        """With ``-tp`` N > 1: this node's other ranks started, and the group joined as rank
+        0 (the other nodes' ranks join it from their own ``atom serve --node-rank``)."""
         par = self.config.parallel_config
         if par.tensor_parallel_size == 1:
             return None
         if self.device.type != "cpu":
             raise ConfigError("--tensor-parallel-size > 1 runs on CPU (gloo) so far; GPU "
                               "workers are not built yet: use --device cpu or -tp 1")
-        workers = RankWorkers(self.config, par.tensor_parallel_size, par.enable_expert_parallel)
+        workers = RankWorkers(self.config, node_ranks(par, 0)[1:], par.tensor_parallel_size,
+                              rendezvous(par), par.enable_expert_parallel)
         try:
             init_tensor_parallel(0, workers.size, workers.init_method,
                                  expert_parallel=workers.expert_parallel)
         except BaseException:
-            workers.close()
+            workers.close(timeout=0)
             raise
         self._finalizer = weakref.finalize(self, _stop_workers, workers)
         return workers

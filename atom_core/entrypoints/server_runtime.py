@@ -64,6 +64,8 @@ def serve(args: argparse.Namespace) -> int:
     """Run the server; returns only when it could not start (the exit code), else the
     process exits from here with the server's code."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.node_rank > 0:
+        return _serve_node(args)
     try:
         app = build_app(args, on_engine_death=lambda reason: server.engine_died(reason))
         check_model(args)  # after the flags build_app checks: those errors say more
@@ -92,6 +94,21 @@ def serve(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(server.exit_code)
+
+
+def _serve_node(args: argparse.Namespace) -> int:
+    """``--node-rank`` R > 0: no server here, only this node's tensor-parallel ranks, which
+    join node 0's engine and exit with it."""
+    from atom_core.distributed.launch import run_node
+    from atom_core.engine.arg_utils import EngineArgs
+
+    try:
+        config = EngineArgs.from_cli_args(args).create_config()
+        check_model(args)
+    except AtomError as exc:
+        print(f"atom serve: error: {exc}", file=sys.stderr)
+        return 1
+    return run_node(config)
 
 
 def check_model(args: argparse.Namespace) -> None:
