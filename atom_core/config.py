@@ -346,7 +346,10 @@ class Config:
         if p.nnodes > 1 and p.data_parallel_size > 1:
             raise ConfigError("--data-parallel-size > 1 over several nodes is not supported "
                               "yet: span nodes with --tensor-parallel-size")
-        if p.nnodes > 1 and p.master_port is None and "MASTER_PORT" not in os.environ:
+        if p.data_parallel_size > 1 and p.tensor_parallel_size > 1 and p.master_port:
+            raise ConfigError("--master-port with -dp > 1: each replica's ranks meet on a free "
+                              "port of their own; leave --master-port out")
+        if p.nnodes > 1 and p.master_port is None and not os.environ.get("MASTER_PORT"):
             raise ConfigError("--nnodes > 1 needs --master-port (or $MASTER_PORT): where the "
                               "nodes' ranks meet")
         if p.enable_dp_attention:

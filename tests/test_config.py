@@ -76,6 +76,8 @@ def test_load_dummy_forms(argv, mode):
         (["-tp", "0"], "--tensor-parallel-size must be >= 1"),
         (["-tp", "2", "--method", "ngram"], "with --tensor-parallel-size > 1 is not supported"),
         (["--data-parallel-size", "0"], "--data-parallel-size must be >= 1"),
+        (["-tp", "4", "--nnodes", "3", "--master-port", "1"], "does not split evenly over"),
+        (["-dp", "2", "-tp", "2", "--master-port", "29500"], "leave --master-port out"),
         (["--method", "nope"], "unknown --method .nope.; registered: draft_model, eagle3, mtp, "
                                "ngram"),
         (["--trust-remote-code"], "--trust-remote-code is not supported"),
@@ -97,3 +99,11 @@ def test_flat_kwargs_and_unknown_ones():
     assert c.scheduler_config.max_model_len == 99 and c.cache_config.enable_prefix_caching
     with pytest.raises(ConfigError, match="unknown engine option 'max_len'"):
         Config.from_kwargs(max_len=3)
+
+
+def test_several_nodes_need_a_port_to_meet_on(monkeypatch):
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ConfigError, match="needs --master-port"):
+        parse("-tp", "2", "--nnodes", "2")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert parse("-tp", "2", "--nnodes", "2").parallel_config.nnodes == 2
