@@ -183,8 +183,16 @@ class SpeculativeConfig:
 @dataclass
 class ModelConfig:
     model: str | None = opt(
-        None, ("--model",), "HF directory, .gguf file, or config.json with --load_dummy "
-        "(default: the embedded SmolLM2-135M-Instruct)"
+        None, ("--model",), "Hugging Face repo id (owner/name), HF directory, .gguf file, or "
+        "config.json with --load_dummy (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    revision: str | None = opt(
+        None, ("--revision",), "with a repo id --model: the branch, tag or commit to load"
+    )
+    download_dir: str | None = opt(
+        None, ("--download-dir",),
+        "with a repo id --model: the Hugging Face cache to use (default: huggingface_hub's, "
+        "$HF_HUB_CACHE or $HF_HOME/hub)",
     )
     tokenizer: str | None = opt(
         None, ("--tokenizer",), "tokenizer directory (default: the model's)"

@@ -28,6 +28,7 @@ from atom_core.engine.step_results import PendingStep, StepOutput
 from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.loader import load_model
+from atom_core.loader.hub import resolve_model
 from atom_core.sampling_params import SamplingParams
 from atom_core.spec_decode.proposer import ProposerContext
 
@@ -111,8 +112,11 @@ class LLMEngine:
             raise ConfigError("--data-parallel-size > 1 is served by `atom serve` (one engine "
                               "replica per rank behind its frontend); an LLMEngine is one "
                               "replica: use -dp 1")
+        mc = config.model_config
+        mc.model = resolve_model(mc.model, mc.revision, mc.download_dir)
+        mc.revision = None  # resolved: the directory is that revision's snapshot
         self.config = config
-        mc, sc = config.model_config, config.scheduler_config
+        sc = config.scheduler_config
         torch.manual_seed(mc.seed)
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)

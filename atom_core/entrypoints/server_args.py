@@ -55,6 +55,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     add_limit_args(parser)
     EngineArgs.add_cli_args(parser)
+    parser.add_argument(
+        "model_tag", nargs="?", default=None, metavar="MODEL",
+        help="the model, as --model says (`atom serve Qwen/Qwen3-8B`, as `vllm serve`)",
+    )
     return parser
 
 

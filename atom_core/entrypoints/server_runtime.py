@@ -39,6 +39,7 @@ from atom_core.entrypoints.server_args import add_server_args
 from atom_core.errors import AtomError, ConfigError
 from atom_core.loader import hf_dir
 from atom_core.loader.gguf_loader import GGUFFile
+from atom_core.loader.hub import is_repo_id, resolve_model
 
 logger = logging.getLogger("atom.server")
 
@@ -64,6 +65,11 @@ def serve(args: argparse.Namespace) -> int:
     """Run the server; returns only when it could not start (the exit code), else the
     process exits from here with the server's code."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        resolve_model_args(args)
+    except AtomError as exc:
+        print(f"atom serve: error: {exc}", file=sys.stderr)
+        return 1
     if args.node_rank > 0:
         return _serve_node(args)
     try:
@@ -94,6 +100,20 @@ def serve(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(server.exit_code)
+
+
+def resolve_model_args(args: argparse.Namespace) -> None:
+    """The model named positionally or by --model, a Hub repo id made a local snapshot
+    directory (downloaded here, before the server starts); the repo id stays the served
+    model name unless --served-model-name says otherwise."""
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ConfigError(f"two models named: {args.model_tag} and --model {args.model}")
+        args.model = args.model_tag
+    if args.model is not None and is_repo_id(args.model):
+        args.served_model_name = args.served_model_name or args.model
+    args.model = resolve_model(args.model, args.revision, args.download_dir)
+    args.revision = None  # the directory is that revision's snapshot
 
 
 def _serve_node(args: argparse.Namespace) -> int:
