@@ -95,14 +95,16 @@ class _Stream:
 
 
 class EngineClient:
-    """Starts the engine process and serves EngineClientAPI to the HTTP handlers."""
+    """Starts the engine processes (one per data-parallel replica) and serves
+    EngineClientAPI to the HTTP handlers."""
 
     def __init__(self, config: Config, served_model_name: str | None = None) -> None:
-        """Opens the engine link (core_link) and starts the engine process, then loads the
-        tokenizer while the engine imports and loads the model (each takes seconds; ~2 s of a
-        19 s start of the embedded model on a 2-core VM is the tokenizer). ``start`` waits for
-        the engine. Call it on the main thread: the engine process dies with the thread that
-        started it (PR_SET_PDEATHSIG), and only the main thread lives as long as the process."""
+        """Opens each replica's engine link (core_link) and starts its engine process, then
+        loads the tokenizer while the engines import and load the model (each takes seconds;
+        ~2 s of a 19 s start of the embedded model on a 2-core VM is the tokenizer). ``start``
+        waits for the engines. Call it on the main thread: an engine process dies with the
+        thread that started it (PR_SET_PDEATHSIG), and only the main thread lives as long as
+        the process."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("EngineClient must be created on the main thread")
         self.config = config
