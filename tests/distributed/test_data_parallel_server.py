@@ -1,5 +1,6 @@
 """``atom serve -dp 2``: two engine replicas behind one frontend. Concurrent greedy requests
-are spread over both (each replica's process works) and answer what one engine answers."""
+are spread over both (each replica's process works) and answer what one engine answers
+(an in-process LLMEngine on the same model)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 from atom_core.config import Config
 from atom_core.engine.client import EngineClient
+from atom_core.engine.llm_engine import LLMEngine
 from atom_core.entrypoints.server_process import ServerProcess
+from atom_core.sampling_params import SamplingParams
 from atom_core.testing.tiny_models import tiny_model_dir
 
 PROMPTS = [f"prompt number {i} says" for i in range(8)]
@@ -37,13 +40,11 @@ def complete_all(srv: ServerProcess) -> list[str]:
 @pytest.mark.slow
 def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
     model = tiny_model_dir("llama")
-    flags = ("--device", "cpu", "--max-model-len", "256")
-    one = ServerProcess(model, *flags, log=tmp_path / "one.log").wait_ready()
-    try:
-        want = complete_all(one)
-    finally:
-        one.stop()
-    two = ServerProcess(model, *flags, "-dp", "2", log=tmp_path / "two.log").wait_ready()
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    one = LLMEngine(str(model), device="cpu", enable_log_stats=False, max_model_len=256)
+    want = [o["text"] for o in one.generate(PROMPTS, params)]
+    two = ServerProcess(model, "--device", "cpu", "--max-model-len", "256", "-dp", "2",
+                        log=tmp_path / "server.log").wait_ready()
     try:
         engines = two.engine_pids()
         assert len(engines) == 2
