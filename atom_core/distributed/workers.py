@@ -53,6 +53,7 @@ class RankWorkers:
         self.init_method = init_method
         self.expert_parallel = expert_parallel
         self.procs: list[subprocess.Popen] = []
+        self.broken = False  # a broadcast or collective failed: the group is unusable
         try:
             for rank in self.ranks:
                 proc = subprocess.Popen([sys.executable, "-m", "atom_core.distributed.worker"],
@@ -71,6 +72,7 @@ class RankWorkers:
         try:
             broadcast(message)
         except RuntimeError as exc:  # a peer closed its connections
+            self.broken = True
             self.check()
             raise EngineDeadError(f"a tensor-parallel rank is gone: {exc}") from None
 

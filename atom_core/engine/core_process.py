@@ -14,10 +14,12 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 import zmq
 
 from atom_core.config import Config
+from atom_core.distributed.workers import RankWorkers
 from atom_core.engine.core_link import EngineLink
 from atom_core.engine.core_messages import (
     AbortRequests,
@@ -35,11 +37,12 @@ from atom_core.engine.core_messages import (
 )
 from atom_core.engine.llm_engine import LLMEngine, RequestOutput
 from atom_core.engine.profiler import TraceWrite
-from atom_core.errors import AtomError
+from atom_core.errors import AtomError, EngineDeadError
 
 logger = logging.getLogger("atom.engine_core")
 
 IDLE_POLL_MS = 100
+WORKER_WATCH_S = 0.2  # how often the tensor-parallel workers are checked (_watch_workers)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -136,6 +139,22 @@ def _die_with_parent() -> None:
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
 
 
+def _watch_workers(workers: RankWorkers, stopping: threading.Event) -> None:
+    """A tensor-parallel worker that dies is seen by the next collective, which raises; a
+    wait that no error ends (a peer lost between a collective's sends) would hang the
+    engine and every stream. So a watch: a worker's death ends this process, named in the
+    log, and the frontend fails fast as for the engine's own death."""
+    while not stopping.wait(WORKER_WATCH_S):
+        try:
+            workers.check()
+        except EngineDeadError as exc:
+            if stopping.is_set():
+                return
+            logger.error("%s; engine exiting", exc)
+            logging.shutdown()
+            os._exit(1)
+
+
 def run_engine_core(
     config: Config, link: EngineLink, parent: int, log_level: int = logging.INFO
 ) -> None:
@@ -171,6 +190,10 @@ def run_engine_core(
     # frontend's to act on: it drains its requests, then sends "shutdown".
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stopping = threading.Event()
+    if engine.workers is not None:
+        threading.Thread(target=_watch_workers, args=(engine.workers, stopping),
+                         name="atom-tp-watch", daemon=True).start()
     try:
         while core.running:
             if os.getppid() != parent:  # the watch without PDEATHSIG too; one cheap syscall
@@ -189,6 +212,7 @@ def run_engine_core(
         logger.exception("engine step failed")
         push.send(encoder.encode(EngineFailed(f"{type(exc).__name__}: {exc}")))
     finally:
+        stopping.set()
         engine.profiler.stop()
         engine.shutdown()  # its tensor-parallel workers, if any, exit with it
         push.close(linger=1000)

@@ -26,7 +26,7 @@ from atom_core.engine.spec_decode import Speculator
 from atom_core.engine.stats import StatsLogger
 from atom_core.engine.step_results import PendingStep, StepOutput
 from atom_core.engine.validation import check_request
-from atom_core.errors import ConfigError, InvalidRequestError
+from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
 from atom_core.loader import load_model
 from atom_core.loader.hub import resolve_model
 from atom_core.sampling_params import SamplingParams
@@ -70,6 +70,13 @@ class _Request:
 
 
 def _stop_workers(workers: RankWorkers) -> None:
+    try:
+        workers.check()
+    except EngineDeadError:
+        workers.broken = True
+    if workers.broken:  # a collective failed: another could wait forever, so none is tried
+        workers.close(timeout=0)
+        return
     stop_workers()
     workers.close()
     destroy_tensor_parallel()
@@ -405,6 +412,7 @@ class LLMEngine:
         try:
             return self.runner.execute(batch)
         except RuntimeError:  # a collective whose peer is gone
+            self.workers.broken = True
             self.workers.check()
             raise
 
