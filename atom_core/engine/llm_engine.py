@@ -76,9 +76,9 @@ def _stop_workers(workers: RankWorkers) -> None:
         workers.broken = True
     if workers.broken:  # a collective failed: another could wait forever, so none is tried
         workers.close(timeout=0)
-        return
-    stop_workers()
-    workers.close()
+    else:
+        stop_workers()
+        workers.close()
     destroy_tensor_parallel()
 
 
