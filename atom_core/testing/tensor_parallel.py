@@ -24,6 +24,12 @@ def model_logits(path: str, steps: Steps, **config: object) -> tuple[list[torch.
     """(each step's fp32 logits [new tokens, vocab], the weights' element count) of the model
     at ``path`` in this process's tensor-parallel group."""
     model = load_model(Config.from_kwargs(model=path, **config), "cpu", torch.float32).model
+    return step_logits(model, steps), sum(p.numel() for p in model.parameters())
+
+
+def step_logits(model: torch.nn.Module, steps: Steps) -> list[torch.Tensor]:
+    """Each step's fp32 logits [new tokens, vocab] of ``model`` (CPU, fp32) over a fresh
+    paged KV cache."""
     kv = PagedKV(num_blocks=64, block_size=4, seed=1)
     allocate_kv_caches(model, kv, torch.float32, "cpu")
     ids = [kv.add_sequence() for _ in steps[0]]
@@ -33,7 +39,7 @@ def model_logits(path: str, steps: Steps, **config: object) -> tuple[list[torch.
         flat = torch.tensor([t for chunk in new for t in chunk])
         with torch.no_grad(), forward_context(meta):
             out.append(model.compute_logits(model(flat, positions)).clone())
-    return out, sum(p.numel() for p in model.parameters())
+    return out
 
 
 def _rank_main(rank: int, size: int, init_method: str, jobs: list[tuple[str, dict]],

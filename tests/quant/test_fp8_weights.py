@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from atom_core.config import Config
 from atom_core.errors import ConfigError
-from atom_core.layers.context import forward_context
 from atom_core.loader import load_model
 from atom_core.quant.fp8 import (
     FP8_DTYPE,
@@ -20,7 +19,7 @@ from atom_core.quant.fp8 import (
     quantize_rows,
     quantize_weight,
 )
-from atom_core.testing.paged_kv import PagedKV, allocate_kv_caches
+from atom_core.testing.tensor_parallel import step_logits
 from atom_core.testing.tiny_models import tiny_model_dir
 
 
@@ -83,19 +82,6 @@ def _quantized_and_reference(kind: str, **quant) -> tuple:
     return q, ref
 
 
-def _logits(model, steps: list[list[list[int]]]) -> list[torch.Tensor]:
-    kv = PagedKV(num_blocks=64, block_size=4, seed=1)
-    allocate_kv_caches(model, kv, torch.float32, "cpu")
-    ids = [kv.add_sequence() for _ in steps[0]]
-    out = []
-    for new in steps:
-        meta, positions = kv.step(ids, [len(t) for t in new])
-        flat = torch.tensor([t for chunk in new for t in chunk])
-        with torch.no_grad(), forward_context(meta):
-            out.append(model.compute_logits(model(flat, positions)))
-    return out
-
-
 # a prefill of three prompts, then a mixed step (two decodes and a chunk), then decodes
 STEPS = [[[5, 9, 3, 7, 1], [11, 2, 8], [4, 4, 6, 10, 12, 14]],
          [[13], [17], [19, 21, 23, 25]],
@@ -105,14 +91,14 @@ STEPS = [[[5, 9, 3, 7, 1], [11, 2, 8], [4, 4, 6, 10, 12, 14]],
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_moe", "deepseek_v3"])
 def test_weight_only_model_equals_the_model_with_dequantized_weights(kind):
     q, ref = _quantized_and_reference(kind, fp8_w8a8_min_rows=1 << 20)
-    for got, want in zip(_logits(q, STEPS), _logits(ref, STEPS)):
+    for got, want in zip(step_logits(q, STEPS), step_logits(ref, STEPS)):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), (got - want).abs().max()
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_w8a8_model_stays_near_the_dequantized_model(kind):
     q, ref = _quantized_and_reference(kind, fp8_w8a8_min_rows=1)
-    for got, want in zip(_logits(q, STEPS), _logits(ref, STEPS)):
+    for got, want in zip(step_logits(q, STEPS), step_logits(ref, STEPS)):
         assert not torch.equal(got, want)
         assert ((got - want).norm() / want.norm()).item() < 0.05
 
