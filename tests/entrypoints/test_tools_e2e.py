@@ -64,7 +64,7 @@ class Replay:
 
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory):
-    qwen3 = template_path("qwen3").read_text()  # skips without shared/
+    qwen3 = template_path("qwen3").read_text()
     root = tmp_path_factory.mktemp("replay")
     site = root / "site"
     pip_install(REPLAY_PLUGIN, site)

@@ -1,19 +1,16 @@
-"""Where the vendors' chat templates are: ``shared/`` beside the repository (CI keeps a copy
-there), found from this file rather than the working directory."""
+"""The vendors' chat templates the tests read: tests/data/chat_templates/ (SOURCES.md there
+says where each came from), found from this file rather than the working directory."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATES = REPO_ROOT.parent / "shared" / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 
 
 def template_path(name: str) -> Path:
+    """The template's file; a name not in the repository is an error, never a skip."""
     path = TEMPLATES / f"{name}.jinja"
     if not path.is_file():
-        pytest.skip(f"vendor chat templates not found at {TEMPLATES} "
-                    "(expected shared/ beside the repository)")
+        raise FileNotFoundError(f"no vendor chat template {name!r} in {TEMPLATES}")
     return path
