@@ -104,6 +104,11 @@ class ParallelConfig:
         "atom serve: this many engine replicas, each with the whole model, behind one "
         "frontend; a request goes to the replica with the fewest tokens outstanding",
     )
+    data_parallel_rank: int | None = opt(
+        None, ("--data-parallel-rank",),
+        "this engine's index among the -dp replicas (atom serve sets it for each; it names "
+        "the replica's profiler traces dp{d}_tp{t}/rank_{r})",
+    )
     enable_expert_parallel: bool = opt(
         False, ("--enable-expert-parallel",),
         "MoE: split whole experts across the tensor-parallel ranks instead of every "
@@ -346,6 +351,8 @@ class Config:
                               "is not supported yet")
         if p.data_parallel_size < 1:
             raise ConfigError("--data-parallel-size must be >= 1")
+        if p.data_parallel_rank is not None and p.data_parallel_rank < 0:
+            raise ConfigError(f"--data-parallel-rank must be >= 0, got {p.data_parallel_rank}")
         if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
             raise ConfigError(f"--node-rank {p.node_rank} is not one of --nnodes {p.nnodes}")
         if p.tensor_parallel_size % p.nnodes:

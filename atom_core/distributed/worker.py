@@ -1,7 +1,7 @@
 """A tensor-parallel worker (rank >= 1): ``python -m atom_core.distributed.worker``, started
 by ``workers.RankWorkers``. Its stdin holds (rank, size, init_method, config,
 expert_parallel); then rank 0 broadcasts the KV cache's block count, one scheduled batch
-per step, and None to stop."""
+per step (and profiler orders between them), and None to stop."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def main() -> int:
     # Imported after the arguments are read: the engine's modules load the plugins.
     from atom_core.engine.llm_engine import resolve_device, resolve_dtype
     from atom_core.engine.model_runner import ModelRunner
+    from atom_core.engine.profiler import ProfileOrder, rank_profiler
     from atom_core.loader import load_model
 
     mc = config.model_config
@@ -44,8 +45,16 @@ def main() -> int:
             return 0
         config.cache_config.num_gpu_blocks_override = blocks
         runner = ModelRunner(config, loaded, device, dtype)
-        while (batch := broadcast(None)) is not None:
-            runner.execute(batch)
+        profiler = rank_profiler(config, rank)
+        while (order := broadcast(None)) is not None:
+            if isinstance(order, ProfileOrder) and order.start:
+                profiler.start()
+            elif isinstance(order, ProfileOrder):
+                profiler.stop_nowait()  # written by a child process while the steps go on
+            else:
+                runner.execute(order)
+                profiler.step()
+        profiler.stop()  # the trace of a profile still running when the engine stopped
     except RuntimeError as exc:  # rank 0 (or another peer) is gone
         logging.getLogger(__name__).warning("rank %d exiting: %s", rank, exc)
         return 1

@@ -44,7 +44,6 @@ from atom_core.engine.core_messages import (
 )
 from atom_core.engine.core_process import run_engine_core
 from atom_core.engine.output import RequestText
-from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.request_stream import (
     RequestDelta,
     RequestPhases,
@@ -144,15 +143,13 @@ class EngineClient:
 
     @staticmethod
     def _replica_config(config: Config, index: int) -> Config:
-        """Replica ``index``'s engine config: one replica (data parallelism stops here), its
-        profiler traces under ``dp{index}_tp0/`` when there are several."""
-        par, obs = config.parallel_config, config.observability_config
-        one = replace(config, parallel_config=replace(par, data_parallel_size=1))
-        traces = profiler_dir(obs.torch_profiler_dir)
-        if par.data_parallel_size > 1 and traces is not None:
-            one = replace(one, observability_config=replace(
-                obs, torch_profiler_dir=os.path.join(traces, f"dp{index}_tp0")))
-        return one
+        """Replica ``index``'s engine config: one replica (data parallelism stops here) that
+        knows its index when there are several (its ranks' traces go under
+        ``dp{index}_tp{t}/``)."""
+        par = config.parallel_config
+        rank = index if par.data_parallel_size > 1 else None
+        return replace(config, parallel_config=replace(
+            par, data_parallel_size=1, data_parallel_rank=rank))
 
     @staticmethod
     def _start_replica(index: int, config: Config) -> _Replica:

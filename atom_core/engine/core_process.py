@@ -84,7 +84,7 @@ class EngineCore:
             if msg.command == "start_profile":
                 self.engine.start_profile()
             elif msg.command == "stop_profile":
-                write = self.engine.profiler.stop_nowait()
+                write = self.engine.stop_profile_nowait()
                 if write is None:
                     return ControlReply(msg.call_id, True, "profiler was not running")
                 self.trace_replies.append((msg.call_id, write))  # answered by step()

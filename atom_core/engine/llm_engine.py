@@ -19,7 +19,7 @@ from atom_core.distributed.workers import RankWorkers, stop_workers
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
-from atom_core.engine.profiler import TorchProfiler, profiler_dir
+from atom_core.engine.profiler import ProfileOrder, TraceWrite, rank_profiler
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, RequestTimings, Sequence
 from atom_core.engine.spec_decode import Speculator
@@ -200,7 +200,7 @@ class LLMEngine:
             lookahead=self.speculator.lookahead if self.speculator is not None else 0,
         )
         self.stats = StatsLogger(config.observability_config, self.scheduler, self.block_manager)
-        self.profiler = TorchProfiler(profiler_dir(config.observability_config.torch_profiler_dir))
+        self.profiler = rank_profiler(config, tp_rank=0)
         self._requests: dict[str, _Request] = {}
         self._next_id = 0
         self.num_preemptions = 0
@@ -351,11 +351,23 @@ class LLMEngine:
         self.block_manager.reset_prefix_cache_stats()
 
     def start_profile(self) -> None:
-        """Start the torch profiler (needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR)."""
+        """Start the torch profiler (needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR),
+        on every tensor-parallel rank."""
         self.profiler.start()
+        if self.workers is not None:
+            self.workers.send(ProfileOrder(start=True))
+
+    def stop_profile_nowait(self) -> TraceWrite | None:
+        """End the trace on every rank; rank 0's trace being written (``TorchProfiler.
+        stop_nowait``). The other ranks write theirs before they take the next step."""
+        if self.workers is not None:
+            self.workers.send(ProfileOrder(start=False))
+        return self.profiler.stop_nowait()
 
     def stop_profile(self) -> None:
-        """Stop the profiler and write its trace under ``{torch_profiler_dir}/rank_0/``."""
+        """Stop the profiler and write each rank's trace (``{torch_profiler_dir}/rank_0/``
+        for a lone engine; ``profiler.rank_trace_dir``)."""
+        self.stop_profile_nowait()
         self.profiler.stop()
 
     def is_finished(self) -> bool:

@@ -1,7 +1,8 @@
 """torch.profiler traces on demand (LLMEngine.start_profile / stop_profile, /start_profile).
 
-Traces go to ``{torch_profiler_dir}/rank_0/`` (TensorBoard format, gzip), the directory
-named by --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR. ATOM_PROFILER_MORE=1 adds
+Each rank's traces go to its own directory under the one named by --torch-profiler-dir or
+ATOM_TORCH_PROFILER_DIR (``rank_trace_dir``: ``rank_0/`` for a lone engine), in TensorBoard
+format, gzip. ATOM_PROFILER_MORE=1 adds
 shapes, stacks and memory.
 
 Ending a trace costs the thread that profiled: torch collects the events and kineto
@@ -21,7 +22,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -71,9 +74,36 @@ class TraceWrite:
         return self.path
 
 
+def rank_trace_dir(base: str, tp_rank: int, tp_size: int, dp_rank: int | None) -> Path:
+    """Where one rank writes its traces, as the serving guide lays them out: ``rank_{t}``
+    for tensor-parallel rank t; under data parallelism ``dp{d}_tp{t}/rank_{r}``, r being
+    the rank's index over all replicas' ranks."""
+    if dp_rank is None:
+        return Path(base) / f"rank_{tp_rank}"
+    return Path(base) / f"dp{dp_rank}_tp{tp_rank}" / f"rank_{dp_rank * tp_size + tp_rank}"
+
+
+def rank_profiler(config: Any, tp_rank: int) -> TorchProfiler:
+    """The profiler of tensor-parallel rank ``tp_rank`` of the engine ``config`` describes."""
+    base = profiler_dir(config.observability_config.torch_profiler_dir)
+    par = config.parallel_config
+    return TorchProfiler(
+        None if base is None
+        else rank_trace_dir(base, tp_rank, par.tensor_parallel_size, par.data_parallel_rank))
+
+
+@dataclass(frozen=True)
+class ProfileOrder:
+    """Rank 0 to the other ranks, in the stream of step batches: start (or stop) tracing."""
+
+    start: bool
+
+
 class TorchProfiler:
-    def __init__(self, trace_dir: str | None, rank: int = 0, max_steps: int | None = None) -> None:
-        self.trace_dir = Path(trace_dir) / f"rank_{rank}" if trace_dir else None
+    def __init__(self, trace_dir: Path | str | None, max_steps: int | None = None) -> None:
+        """``trace_dir``: this rank's own directory (``rank_trace_dir``), None when no
+        profiler directory is configured."""
+        self.trace_dir = Path(trace_dir) if trace_dir else None
         self.max_steps = profiler_max_steps() if max_steps is None else max_steps  # 0: no cap
         self._prof: profile | None = None
         self._steps = 0

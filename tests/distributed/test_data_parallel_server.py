@@ -14,6 +14,7 @@ import pytest
 from atom_core.config import Config
 from atom_core.engine.client import EngineClient
 from atom_core.engine.llm_engine import LLMEngine
+from atom_core.engine.profiler import rank_trace_dir
 from atom_core.entrypoints.server_process import ServerProcess
 from atom_core.sampling_params import SamplingParams
 from atom_core.testing.tiny_models import tiny_model_dir
@@ -58,10 +59,17 @@ def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
     assert min(worked) > 0.2, worked
 
 
-@pytest.mark.parametrize("dp, traces", [(1, "/t"), (2, "/t/dp1_tp0")])
-def test_each_replica_is_one_engine_with_traces_of_its_own(dp, traces):
-    config = Config.from_kwargs(data_parallel_size=dp, torch_profiler_dir="/t")
+@pytest.mark.parametrize("dp, tp, traces", [
+    (1, 1, ["/t/rank_0"]),
+    (1, 2, ["/t/rank_0", "/t/rank_1"]),
+    (2, 2, ["/t/dp1_tp0/rank_2", "/t/dp1_tp1/rank_3"]),
+])
+def test_each_replica_is_one_engine_with_traces_of_its_own(dp, tp, traces):
+    config = Config.from_kwargs(data_parallel_size=dp, tensor_parallel_size=tp,
+                                torch_profiler_dir="/t", device="cpu")
     replica = EngineClient._replica_config(config, dp - 1)
     assert replica.parallel_config.data_parallel_size == 1
-    assert replica.observability_config.torch_profiler_dir == traces
+    par = replica.parallel_config
+    got = [str(rank_trace_dir("/t", t, tp, par.data_parallel_rank)) for t in range(tp)]
+    assert got == traces
     assert config.parallel_config.data_parallel_size == dp  # the server's own is unchanged

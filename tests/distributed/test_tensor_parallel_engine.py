@@ -4,6 +4,8 @@ the engine with its rank named, and no worker outlives the engine."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import signal
 import time
@@ -30,14 +32,27 @@ def greedy(engine: LLMEngine) -> list[tuple[list[int], list[float]]]:
 @pytest.mark.parametrize("kind, extra", [
     ("qwen3", {}), ("qwen3_moe", {}), ("deepseek_v2", {"enable_expert_parallel": True}),
 ])
-def test_two_ranks_generate_what_one_process_does(kind, extra):
+def test_two_ranks_generate_what_one_process_does(kind, extra, tmp_path):
     path = str(tiny_model_dir(kind))
     want = greedy(LLMEngine(path, **OPTS))
+    # One case also profiles: each rank writes its own trace of the same steps.
+    traces = kind == "qwen3"
+    if traces:
+        extra = {**extra, "torch_profiler_dir": str(tmp_path)}
     engine = LLMEngine(path, tensor_parallel_size=2, **extra, **OPTS)
     try:
+        if traces:
+            engine.start_profile()
         got = greedy(engine)
+        if traces:
+            engine.stop_profile()
     finally:
         engine.shutdown()
+    if traces:
+        for rank in (0, 1):
+            (trace,) = (tmp_path / f"rank_{rank}").glob("*.json.gz")
+            names = {e.get("name") for e in json.loads(gzip.open(trace).read())["traceEvents"]}
+            assert any(n and n.startswith("decode[") for n in names), sorted(names)[:20]
     for (g_ids, g_lps), (w_ids, w_lps) in zip(got, want):
         assert g_ids == w_ids
         assert g_lps == pytest.approx(w_lps, abs=1e-4)

@@ -79,7 +79,7 @@ def engine():
 def test_a_trace_ends_by_itself_after_its_step_cap(engine, tmp_path):
     from atom_core.sampling_params import SamplingParams
 
-    profiler = TorchProfiler(str(tmp_path), max_steps=3)
+    profiler = TorchProfiler(tmp_path / "rank_0", max_steps=3)
     profiler.start()
     engine.add_request([[1, 2, 3]], SamplingParams(max_tokens=8, ignore_eos=True))
     steps = 0
@@ -99,7 +99,7 @@ def test_a_trace_ends_by_itself_after_its_step_cap(engine, tmp_path):
 
 
 def test_stop_waits_for_the_trace(engine, tmp_path):
-    profiler = TorchProfiler(str(tmp_path), max_steps=0)
+    profiler = TorchProfiler(tmp_path / "rank_0", max_steps=0)
     profiler.start()
     assert profiler.stop() == tmp_path / "rank_0"
     assert len(list((tmp_path / "rank_0").glob("*.json.gz"))) == 1
