@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -188,6 +188,18 @@ def effective_tool_choice(
     return "none"
 
 
+class ChatPrompt(Protocol):
+    """What ``OpenAIServingChat.render`` reads of a request: a chat completion's, or the
+    chat form of /tokenize (which must count the same prompt)."""
+
+    messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None
+    chat_template_kwargs: dict[str, Any] | None
+
+    @property
+    def thinking_requested(self) -> bool | None: ...
+
+
 @dataclass(frozen=True)
 class ReplyReading:
     """How one request's replies are read: ``ResponseParser.reader``'s arguments, and
@@ -303,33 +315,39 @@ class OpenAIServingChat:
             return {}, enabled
         return switch.kwargs(enabled), True
 
-    async def render(self, request: ChatCompletionRequest) -> tuple[str, list[int], bool]:
+    async def render(
+        self, request: ChatPrompt, add_generation_prompt: bool = True, max_len: int | None = None
+    ) -> tuple[str, list[int], bool]:
         """The prompt's text and token ids, and whether reasoning reaches the client.
-        A client's own chat_template_kwargs win over the thinking knobs."""
+        A client's own chat_template_kwargs win over the thinking knobs. A prompt of
+        ``max_len`` tokens is refused (default: the context; /tokenize counts past it)."""
         thinking_kwargs, show_reasoning = self.thinking(request.thinking_requested)
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, **thinking_kwargs}
+        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt,
+                                  **thinking_kwargs}
         extra = request.chat_template_kwargs or {}
         kwargs.update({k: v for k, v in extra.items() if k not in _RESERVED_KWARGS})
-        text, ids = await off_loop(self._render_request, request, kwargs)
+        text, ids = await off_loop(self._render_request, request, kwargs, max_len)
         return text, ids, show_reasoning
 
     def _render_request(
-        self, request: ChatCompletionRequest, kwargs: dict[str, Any]
+        self, request: ChatPrompt, kwargs: dict[str, Any], max_len: int | None
     ) -> tuple[str, list[int]]:
         messages = [self._message(m) for m in request.messages]  # O(body): off the loop too
-        return self._render_prompt(messages, request.tools, kwargs)
+        return self._render_prompt(messages, request.tools, kwargs, max_len)
 
     async def render_prompt(
-        self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any],
+        max_len: int | None = None,
     ) -> tuple[str, list[int]]:
         """The chat template's text and its ids, tokenized without adding special tokens
         (the template already wrote them); rendered and tokenized on a worker thread."""
-        return await off_loop(self._render_prompt, messages, tools, kwargs)
+        return await off_loop(self._render_prompt, messages, tools, kwargs, max_len)
 
     def _render_prompt(
-        self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any]
+        self, messages: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any],
+        max_len: int | None = None,
     ) -> tuple[str, list[int]]:
-        tokenizer, max_model_len = self.engine.tokenizer, self.engine.max_model_len
+        tokenizer, max_model_len = self.engine.tokenizer, max_len or self.engine.max_model_len
         # The users' own text counts toward the context, as OpenAI counts it: a template
         # writes every user turn (trimmed at most), so text that alone is beyond the
         # context is refused before it is rendered. Rendering copies it several times,
