@@ -8,6 +8,7 @@ per-request fact, read from that request's rendered prompt (``prompt_opens_chann
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 from typing import ClassVar
@@ -72,16 +73,17 @@ def resolve_dialect(
     template_source: str | None, name: str = "auto", registry=None
 ) -> DialectChoice:
     """The dialect to use: ``name`` if given (``none`` disables), else detected from the
-    chat template's source. Unknown names raise ConfigError."""
+    chat template's source. An unknown name raises ConfigError, suggesting the nearest."""
     reg = registry if registry is not None else _registry()
     if name == "none":
         return DialectChoice(None, None, "disabled by --reasoning-dialect none")
     if name != "auto":
         if name not in reg:
-            known = ", ".join([*reg.names(), "auto", "none"])
-            raise ConfigError(
-                f"--reasoning-dialect {name!r} is not one of ATOM's dialects; known: {known}"
-            )
+            known = [*reg.names(), "auto", "none"]
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"unknown reasoning parser {name!r}{hint}; known: "
+                              f"{', '.join(known)}")
         return DialectChoice(name, reg.get(name)(), "named by --reasoning-dialect")
     if not template_source:
         return DialectChoice(None, None, "no chat template")

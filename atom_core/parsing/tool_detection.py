@@ -4,11 +4,13 @@
 tool-call turn (``chat_encoders.render_probe_prompt``) and tries each registered format's
 ``matches_template`` in detection order (DETECT_PRIORITY, then name). When none matches,
 tool calls are delivered as plain text and the start-up log says so. An explicit name is
-checked here, before any weights load; an unknown one is a ConfigError.
+checked here, before any weights load; an unknown one is a ConfigError that suggests
+the nearest known name.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass
 
@@ -61,10 +63,11 @@ def resolve_tool_format(name: str, probe: str | None, registry=None) -> FormatCh
         )
     if name != "auto":
         if name not in reg:
-            known = ", ".join([*reg.names(), "auto", "none"])
-            raise ConfigError(
-                f"--tool-call-parser {name!r} is not one of ATOM's formats; known: {known}"
-            )
+            known = [*reg.names(), "auto", "none"]
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"unknown tool-call parser {name!r}{hint}; known: "
+                              f"{', '.join(known)}")
         return FormatChoice(name, reg.get(name)(), "named by --tool-call-parser")
     if not probe:
         return FormatChoice(None, None, "no chat template to read; tool calls arrive as text")

@@ -65,4 +65,4 @@ def test_auto_from_a_chat_template(monkeypatch, capsys):
 
 def test_an_unknown_format_is_a_clear_error(monkeypatch, capsys):
     rc, err = atom_parse(monkeypatch, capsys, ["--tool-call-parser", "nope"])
-    assert rc == 1 and "'nope' is not one of ATOM's formats" in err and "hermes" in err
+    assert rc == 1 and "unknown tool-call parser 'nope'" in err and "hermes" in err

@@ -232,4 +232,4 @@ def test_an_unknown_tool_call_parser_is_refused_before_the_engine_starts(tmp_pat
     )
     # tmp_path holds no model at all: the flag was refused before anything read it.
     assert proc.returncode == 1, proc.stderr
-    assert "--tool-call-parser 'nope' is not one of ATOM's formats" in proc.stderr
+    assert "unknown tool-call parser 'nope'" in proc.stderr

@@ -100,7 +100,7 @@ def test_an_unknown_name_is_refused_before_the_template_is_read():
         def render(self, *a, **k):
             raise AssertionError("rendered")
 
-    with pytest.raises(ConfigError, match="is not one of ATOM's formats"):
+    with pytest.raises(ConfigError, match="unknown tool-call parser 'mistral-ish'"):
         ResponseParser.resolve(Exploding("{{ messages }}"), tool_call_parser="mistral-ish")
     with pytest.raises(ConfigError):
         check_tool_call_parser("nope")

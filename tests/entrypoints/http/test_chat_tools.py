@@ -264,7 +264,7 @@ def test_parser_names_are_checked_before_anything_loads():
     check_parser_names("auto", "auto")
     check_parser_names("hermes", "think")
     check_parser_names("none", "none")
-    with pytest.raises(ConfigError, match="--tool-call-parser 'nope'"):
+    with pytest.raises(ConfigError, match="unknown tool-call parser 'nope'"):
         check_parser_names("nope", "auto")
-    with pytest.raises(ConfigError, match="--reasoning-dialect 'nope'"):
+    with pytest.raises(ConfigError, match="unknown reasoning parser 'nope'"):
         check_parser_names("auto", "nope")
