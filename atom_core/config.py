@@ -39,8 +39,15 @@ class CacheConfig:
     kv_cache_dtype: str = opt(
         "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"),
         "KV cache dtype: bf16 (the cache is kept in the model's --dtype) or fp8 (e4m3, "
-        "values saturated, scale one; the native attention backends only so far)",
+        "values saturated, one scale per layer for K and one for V: the checkpoint's "
+        "k_scale/v_scale, else --kv-cache-scales, else 1.0)",
         choices=("bf16", "fp8", "auto"),
+    )
+    kv_cache_scales: list[float] | None = opt(
+        None, ("--kv-cache-scales",),
+        "with --kv_cache_dtype fp8: the scale of K and of V (one value for both, or K then "
+        "V) in layers whose checkpoint has none; the cache stores x / scale",
+        nargs="+",
     )
     enable_prefix_caching: bool = opt(
         False, ("--enable_prefix_caching", "--enable-prefix-caching"),
@@ -351,6 +358,13 @@ class Config:
                               "is not supported yet")
         if p.data_parallel_size < 1:
             raise ConfigError("--data-parallel-size must be >= 1")
+        if c.kv_cache_scales is not None:
+            if c.kv_cache_dtype != "fp8":
+                raise ConfigError("--kv-cache-scales needs --kv_cache_dtype fp8")
+            if not (1 <= len(c.kv_cache_scales) <= 2
+                    and all(0 < x < float("inf") for x in c.kv_cache_scales)):
+                raise ConfigError("--kv-cache-scales takes one or two finite positive numbers "
+                                  f"(K, or K then V), got {c.kv_cache_scales}")
         if p.data_parallel_rank is not None and p.data_parallel_rank < 0:
             raise ConfigError(f"--data-parallel-rank must be >= 0, got {p.data_parallel_rank}")
         if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:
