@@ -1,4 +1,5 @@
-"""POST /v1/messages: Anthropic's Messages API, over the chat handler's renderer and reader.
+"""POST /v1/messages: Anthropic's Messages API, over the chat handler's renderer and reader;
+and /v1/messages/count_tokens, which counts the prompt /v1/messages would send.
 
 A request becomes chat-template messages (system, text, tool_use as past tool_calls,
 tool_result as tool turns, thinking as the turn's reasoning_content), is rendered by
@@ -25,9 +26,10 @@ with the statuses the OpenAI endpoints use; so the body is parsed here, not by F
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from pydantic import ValidationError
@@ -41,12 +43,14 @@ from atom_core.entrypoints.http.anthropic.protocol import (
     ContentBlockStart,
     ContentBlockStop,
     ContentOut,
+    CountTokensRequest,
     InputJsonDelta,
     MessageDelta,
     MessageOut,
     MessagesRequest,
     MessageStart,
     MessageStop,
+    MessageTokensCount,
     OutputUsage,
     StopInfo,
     StreamEvent,
@@ -88,6 +92,7 @@ from atom_core.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _EMPTY_INPUT = msgspec.Raw(b"{}")
+Req = TypeVar("Req", bound=CountTokensRequest)
 
 
 # ------------------------------------------------------------------------------ errors
@@ -112,7 +117,7 @@ def _error_event(exc: Exception) -> bytes:
 # ------------------------------------------------------------------- request mapping
 
 
-def chat_messages(request: MessagesRequest) -> list[dict[str, Any]]:
+def chat_messages(request: CountTokensRequest) -> list[dict[str, Any]]:
     """The request's turns as chat-template messages (OpenAI's shape, which templates read)."""
     out: list[dict[str, Any]] = []
     system = request.system_text
@@ -169,7 +174,7 @@ def _assistant_turn(blocks: list[Any], names: dict[str, str]) -> dict[str, Any]:
     return turn
 
 
-def chat_tools(request: MessagesRequest) -> list[dict[str, Any]] | None:
+def chat_tools(request: CountTokensRequest) -> list[dict[str, Any]] | None:
     if not request.tools:
         return None
     tools = []
@@ -289,23 +294,47 @@ class AnthropicServingMessages:
 
     async def handle(self, raw_request: Request) -> Response:
         """Parse the body and serve it; every error in Anthropic's shape."""
+        return await self._serve(raw_request, MessagesRequest, self.create)
+
+    async def handle_count_tokens(self, raw_request: Request) -> Response:
+        """POST /v1/messages/count_tokens, errors in Anthropic's shape."""
+        return await self._serve(raw_request, CountTokensRequest, self.count_tokens)
+
+    @staticmethod
+    async def _serve(raw_request: Request, model: type[Req],
+                     create: Callable[[Req], Awaitable[Response]]) -> Response:
         try:
-            request = MessagesRequest.model_validate_json(await raw_request.body())
+            request = model.model_validate_json(await raw_request.body())
         except ValidationError as exc:
             return json_response(error_out(validation_body(exc.errors()).error.message, 400), 400)
         try:
-            return await self.create(request)
+            return await create(request)
         except Exception as exc:
             return anthropic_error_response(exc)
 
-    async def create(self, request: MessagesRequest) -> Response:
+    async def prompt(
+        self, request: CountTokensRequest, max_len: int | None = None
+    ) -> tuple[str, list[int], list[dict[str, Any]] | None, bool]:
+        """The prompt's text and ids, the tools in OpenAI's shape, and whether thinking
+        reaches the client. A prompt of ``max_len`` tokens is refused (default: the
+        context)."""
         check_model(request.model, self.chat.names)
         enabled = None if request.thinking is None else request.thinking.type == "enabled"
         kwargs, show_thinking = self.chat.thinking(enabled)
         tools = chat_tools(request)
         prompt, prompt_ids = await self.chat.render_prompt(
-            chat_messages(request), tools, {"add_generation_prompt": True, **kwargs}
+            chat_messages(request), tools, {"add_generation_prompt": True, **kwargs}, max_len
         )
+        return prompt, prompt_ids, tools, show_thinking
+
+    async def count_tokens(self, request: CountTokensRequest) -> Response:
+        """The tokens of the prompt ``create`` would send, counted past the context too
+        (a client counts to learn whether its prompt fits)."""
+        _, prompt_ids, _, _ = await self.prompt(request, max_len=sys.maxsize)
+        return json_response(MessageTokensCount(input_tokens=len(prompt_ids)))
+
+    async def create(self, request: MessagesRequest) -> Response:
+        prompt, prompt_ids, tools, show_thinking = await self.prompt(request)
         params = SamplingParams(
             temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
             max_tokens=request.max_tokens, stop_strings=request.stop_sequences or None,

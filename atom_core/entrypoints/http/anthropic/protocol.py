@@ -1,5 +1,5 @@
-"""The Anthropic Messages wire format (POST /v1/messages): request models, response shapes
-and stream events.
+"""The Anthropic Messages wire format (POST /v1/messages and /v1/messages/count_tokens):
+request models, response shapes and stream events.
 
 Requests are pydantic models like the OpenAI ones (unknown fields - ``cache_control``,
 ``citations``, ``container``... - are accepted and ignored), with the same checks
@@ -130,22 +130,15 @@ class ThinkingConfig(_Model):
     budget_tokens: int | None = Field(None, ge=1, le=INT64_MAX)  # accepted; the switch is on/off
 
 
-class MessagesRequest(_Model):
-    """POST /v1/messages. ``max_tokens`` is required, as in Anthropic's API."""
+class CountTokensRequest(_Model):
+    """POST /v1/messages/count_tokens: what makes a message's prompt."""
 
     model: str
-    max_tokens: int = Field(ge=1, le=INT64_MAX)
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
-    stop_sequences: list[NonEmptyStr] | None = None
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=2**31 - 1)
-    stream: bool = False
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
-    metadata: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -159,6 +152,19 @@ class MessagesRequest(_Model):
         if isinstance(self.system, list):
             return "\n".join(b.text for b in self.system)
         return self.system
+
+
+class MessagesRequest(CountTokensRequest):
+    """POST /v1/messages: a prompt and how to sample its reply. ``max_tokens`` is
+    required, as in Anthropic's API."""
+
+    max_tokens: int = Field(ge=1, le=INT64_MAX)
+    stop_sequences: list[NonEmptyStr] | None = None
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, le=2**31 - 1)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- responses
@@ -193,6 +199,12 @@ class ToolUseOut(msgspec.Struct, kw_only=True, tag_field="type", tag="tool_use")
 
 
 ContentOut = TextOut | ThinkingOut | ToolUseOut
+
+
+class MessageTokensCount(msgspec.Struct, kw_only=True):
+    """/v1/messages/count_tokens' answer: the tokens of the prompt /v1/messages would send."""
+
+    input_tokens: int
 
 
 class MessageOut(msgspec.Struct, kw_only=True, tag_field="type", tag="message"):
