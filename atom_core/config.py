@@ -209,6 +209,19 @@ class ModelConfig:
     tokenizer: str | None = opt(
         None, ("--tokenizer",), "tokenizer directory (default: the model's)"
     )
+    chat_template: str | None = opt(
+        None, ("--chat-template",),
+        "the chat template to use instead of the model's, for rendering chats and for reading "
+        "its tool-call format and reasoning dialect: a file, or the Jinja text itself",
+    )
+    generation_config: str = opt(
+        "auto", ("--generation-config",),
+        "defaults for the sampling fields a request leaves out (temperature, top_p, top_k, "
+        "min_p, repetition_penalty, max_tokens): auto (the model's generation_config.json; "
+        "for the embedded model, temperature 0.2 and top_p 0.9, its model card's), none or "
+        "vllm (the API's defaults: temperature 1, no filters, 256 tokens), or a folder "
+        "holding a generation_config.json",
+    )
     dtype: str = opt(
         "auto", ("--dtype",), "weights and activations dtype: auto (bf16 on GPU, fp32 on CPU), "
         "bfloat16, float16, float32",
@@ -418,6 +431,13 @@ class Config:
             raise ConfigError("--max-model-len must be >= 1")
         if s.scheduler_delay_factor < 0:
             raise ConfigError("--scheduler-delay-factor must be >= 0")
+        if m.chat_template is not None:
+            from atom_core.loader.chat_template import load_chat_template
+
+            load_chat_template(m.chat_template)  # a missing file or a syntax error: now
+        from atom_core.generation_defaults import check_setting
+
+        check_setting(m.generation_config)
         if m.load_dummy is not None and m.load_dummy not in LOAD_DUMMY_MODES:
             raise ConfigError(
                 f"--load_dummy must be one of {LOAD_DUMMY_MODES}, got {m.load_dummy!r}")

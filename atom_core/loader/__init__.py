@@ -21,11 +21,12 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from atom_core.config import Config
+from atom_core.config import Config, ModelConfig
 from atom_core.errors import ConfigError
 from atom_core.fusion import fuse_model
 from atom_core.layers.context import BuildContext, build_context
 from atom_core.loader import hf_dir
+from atom_core.loader.chat_template import load_chat_template
 from atom_core.loader.dummy import init_dummy_weights
 from atom_core.loader.gguf_loader import GGUFFile, load_gguf_tokenizer
 from atom_core.plugins import get_registries
@@ -144,7 +145,7 @@ def load_model(
     for line in fuse_model(model, device) if fuse else ():
         logger.info("fusion: %s", line)
 
-    tokenizer, chat_template = _tokenizer_and_template(m.tokenizer, model_dir, gguf)
+    tokenizer, chat_template = _tokenizer_and_template(m, model_dir, gguf)
     logger.info("loaded %s (%s) from %s on %s in %s", architecture(hf_config),
                 type(model).__name__, source, device, dtype)
     return LoadedModel(
@@ -165,13 +166,18 @@ def load_tokenizer(config: Config) -> tuple[Any, str | None]:
     if not path.exists():
         raise ConfigError(f"--model {path} does not exist")
     gguf = GGUFFile(path) if path.is_file() and path.suffix == ".gguf" else None
-    return _tokenizer_and_template(m.tokenizer, path if path.is_dir() else None, gguf)
+    return _tokenizer_and_template(m, path if path.is_dir() else None, gguf)
 
 
 def _tokenizer_and_template(
-    override: str | None, model_dir: Path | None, gguf: GGUFFile | None
+    m: ModelConfig, model_dir: Path | None, gguf: GGUFFile | None
 ) -> tuple[Any, str | None]:
-    tokenizer = _load_tokenizer(override, model_dir, gguf)
+    tokenizer = _load_tokenizer(m.tokenizer, model_dir, gguf)
+    if m.chat_template is not None:  # --chat-template: the model's is never read
+        chat_template = load_chat_template(m.chat_template)
+        if tokenizer is not None:
+            tokenizer.chat_template = chat_template
+        return tokenizer, chat_template
     chat_template = gguf.chat_template() if gguf is not None else None
     if chat_template is None and tokenizer is not None:
         chat_template = getattr(tokenizer, "chat_template", None)

@@ -44,6 +44,7 @@ from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest, Co
 from atom_core.entrypoints.http.openapi import install_openapi
 from atom_core.entrypoints.http.request_id import RequestIdMiddleware, install_log_filter
 from atom_core.errors import AtomError, EngineDeadError
+from atom_core.generation_defaults import GenerationDefaults
 
 logger = logging.getLogger("atom.server")
 
@@ -63,6 +64,11 @@ def build_app(
     config = EngineArgs.from_cli_args(args).create_config()
     stop_timeout = profiler_timeout()  # ATOM_PROFILER_TIMEOUT; a bad value fails at start-up
     check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
+    m = config.model_config
+    defaults = GenerationDefaults.resolve(m.generation_config, m.model)
+    logger.info("request defaults: %s", defaults.describe())
+    # --chat-template replaces a model-side Python encoder too, not only the Jinja one.
+    encoder_dir = None if m.chat_template is not None else m.model
     limits = RequestLimits.from_args(args)
     queue = AdmissionQueue(limits.max_queued) if limits.max_queued is not None else None
     state: dict = {}
@@ -73,7 +79,7 @@ def build_app(
         try:
             # Resolved once, from the chat template, while the engine loads (and logged).
             parser, encoder = resolve_chat_parser(
-                client, config.model_config.model, args.tool_call_parser, args.reasoning_parser
+                client, encoder_dir, args.tool_call_parser, args.reasoning_parser
             )
             await client.start()
         except BaseException:
@@ -86,10 +92,10 @@ def build_app(
         client.finish_listeners.append(metrics.on_finished)
         # The handlers' engine: with a bounded queue, one that marks each first token.
         engine = FirstTokenWatch(client) if queue is not None else client
-        chat = OpenAIServingChat(engine, parser=parser, encoder=encoder)
+        chat = OpenAIServingChat(engine, parser=parser, encoder=encoder, defaults=defaults)
         state.update(client=client, metrics=metrics, chat=chat,
                      messages=AnthropicServingMessages(chat),
-                     completion=OpenAIServingCompletion(engine))
+                     completion=OpenAIServingCompletion(engine, defaults=defaults))
         app.state.engine_client = client  # server_runtime aborts what a shutdown's drain left
         remove_log_filter = install_log_filter()  # uvicorn's logging is configured by now
         # What start-up made (tokenizer, templates, app) lives as long as the server: out

@@ -60,6 +60,7 @@ from atom_core.entrypoints.http.openai.protocol import (
 from atom_core.entrypoints.http.prompt_tokens import PromptTokenizer, off_loop
 from atom_core.entrypoints.http.sse import DONE_FRAME, data_frame, json_response, sse_response
 from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
+from atom_core.generation_defaults import GenerationDefaults
 from atom_core.parsing.chat_encoders import (
     ChatEncoder,
     JinjaChatEncoder,
@@ -256,7 +257,8 @@ class OpenAIServingChat:
     ``parser`` is the model's ResponseParser, resolved once at start-up (http/app.py);
     without one it is resolved here from the engine's chat template with ``auto``.
     ``encoder`` is the ChatEncoder it was resolved from: a model-side Python encoder also
-    renders the prompts (transformers cannot), a Jinja one is only read."""
+    renders the prompts (transformers cannot), a Jinja one is only read. ``defaults`` fill
+    the sampling fields a request leaves out (``--generation-config``)."""
 
     def __init__(
         self,
@@ -265,8 +267,10 @@ class OpenAIServingChat:
         *,
         parser: ResponseParser | None = None,
         encoder: ChatEncoder | None = None,
+        defaults: GenerationDefaults | None = None,
     ) -> None:
         self.engine = engine
+        self.defaults = defaults or GenerationDefaults()
         self.names = served_names(engine, model_aliases)
         self.texts = TokenTexts(engine.tokenizer)
         self.tokens = PromptTokenizer(engine.tokenizer)
@@ -288,7 +292,8 @@ class OpenAIServingChat:
         check_model(request.model, self.names)
         prompt, prompt_ids, show_reasoning = await self.render(request)
         # max_tokens null: as many as fit, which the engine's context cap enforces.
-        params = request.to_sampling_params(self.engine.max_model_len)
+        params = self.defaults.apply(request.to_sampling_params(self.engine.max_model_len),
+                                     request.model_fields_set)
         check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
                       param="messages")
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,

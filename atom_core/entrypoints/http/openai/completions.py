@@ -42,6 +42,7 @@ from atom_core.entrypoints.http.openai.protocol import (
 from atom_core.entrypoints.http.prompt_tokens import PromptTokenizer, off_loop
 from atom_core.entrypoints.http.sse import DONE_FRAME, data_frame, json_response, sse_response
 from atom_core.errors import EngineDeadError
+from atom_core.generation_defaults import GenerationDefaults
 from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -77,10 +78,13 @@ class _Prompt:
 
 
 class OpenAIServingCompletion:
-    """``await OpenAIServingCompletion(engine).create(request, raw_request)``."""
+    """``await OpenAIServingCompletion(engine).create(request, raw_request)``; ``defaults``
+    fill the sampling fields a request leaves out (``--generation-config``)."""
 
-    def __init__(self, engine: EngineClientAPI, model_aliases: Iterable[str] | None = None) -> None:
+    def __init__(self, engine: EngineClientAPI, model_aliases: Iterable[str] | None = None,
+                 defaults: GenerationDefaults | None = None) -> None:
         self.engine = engine
+        self.defaults = defaults or GenerationDefaults()
         self.names = served_names(engine, model_aliases)
         self.texts = TokenTexts(engine.tokenizer)
         self.tokens = PromptTokenizer(engine.tokenizer)
@@ -90,7 +94,8 @@ class OpenAIServingCompletion:
     ) -> Response:
         check_model(request.model, self.names)
         # max_tokens null: as many as fit, which the engine's context cap enforces.
-        params = request.to_sampling_params(self.engine.max_model_len)
+        params = self.defaults.apply(request.to_sampling_params(self.engine.max_model_len),
+                                     request.model_fields_set)
         prompts = await off_loop(self._prompts, request, params)
         rid, n = random_id("cmpl"), request.n
         jobs = []
