@@ -19,10 +19,12 @@ from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest, Co
 
 
 def make_app(engine: Any, **chat_kw: Any) -> FastAPI:
-    """Chat, completions and Anthropic messages over ``engine`` (an EngineClientAPI)."""
+    """Chat, completions and Anthropic messages over ``engine`` (an EngineClientAPI); the
+    completions route shares the chat handler's ``defaults`` (GenerationDefaults)."""
     app = FastAPI()
     install_error_handlers(app)
-    chat, completion = OpenAIServingChat(engine, **chat_kw), OpenAIServingCompletion(engine)
+    chat = OpenAIServingChat(engine, **chat_kw)
+    completion = OpenAIServingCompletion(engine, defaults=chat_kw.get("defaults"))
     messages = AnthropicServingMessages(chat)
 
     @app.post("/v1/chat/completions")
