@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, fields
+from collections.abc import Collection
+from dataclasses import MISSING, Field, fields
 from typing import TYPE_CHECKING, Any
 
 from atom_core.config import PARTS, Config
@@ -19,10 +20,11 @@ def _scalar_type(annotation: str) -> type:
     return str
 
 
-def _add_field(group: argparse._ArgumentGroup, f: Any) -> None:
+def _add_field(group: argparse._ArgumentGroup, f: Any, help_prefix: str = "") -> None:
     meta = f.metadata
     default = f.default_factory() if f.default is MISSING else f.default
-    kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"]}
+    kwargs: dict[str, Any] = {"dest": f.name, "default": default,
+                              "help": help_prefix + meta["help"]}
     typ = _scalar_type(str(f.type))
     if meta.get("boolean_optional"):
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -36,6 +38,14 @@ def _add_field(group: argparse._ArgumentGroup, f: Any) -> None:
     group.add_argument(*meta["flags"], **kwargs)
 
 
+def _field(name: str) -> Field:
+    for dc in PARTS.values():
+        for f in fields(dc):
+            if f.name == name:
+                return f
+    raise KeyError(name)
+
+
 class EngineArgs:
     """Engine options by flat field name; ``LLMEngine(**kwargs)`` takes the same names."""
 
@@ -43,12 +53,23 @@ class EngineArgs:
         self.kwargs = kwargs
 
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    def add_cli_args(
+        parser: argparse.ArgumentParser, exclude: Collection[str] = ()
+    ) -> argparse.ArgumentParser:
+        """One argument group per Config part; the fields named in ``exclude`` are left
+        to the caller (``add_cli_arg``)."""
         for part, dc in PARTS.items():
             group = parser.add_argument_group(part.replace("_", " "))
             for f in fields(dc):
-                _add_field(group, f)
+                if f.name not in exclude:
+                    _add_field(group, f)
         return parser
+
+    @staticmethod
+    def add_cli_arg(group: argparse._ArgumentGroup, name: str, help_prefix: str = "") -> None:
+        """The flag of field ``name`` in a group of the caller's: ``atom serve`` shows the
+        engine's ``--port`` beside its own ``--server-port``."""
+        _add_field(group, _field(name), help_prefix)
 
     @staticmethod
     def field_names() -> list[str]:

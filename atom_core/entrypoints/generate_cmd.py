@@ -1,10 +1,25 @@
-"""``atom generate "prompt"``: one completion from the command line."""
+"""``atom generate "prompt"``: one completion from the command line, streamed to stdout
+as the engine produces it."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import threading
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from atom_core.engine.llm_engine import LLMEngine, RequestOutput
+    from atom_core.sampling_params import SamplingParams
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The flags ``atom generate`` and ``atom chat`` share: sampling and start-up logging."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens in a reply")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass")
+    p.add_argument("--verbose", "-v", action="store_true", help="log engine start-up")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,27 +32,63 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--raw", action="store_true", help="send the prompt as is, without the chat template"
     )
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--verbose", "-v", action="store_true", help="log engine start-up")
+    add_sampling_args(p)
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def start_engine(args: argparse.Namespace) -> LLMEngine:
     from atom_core.engine.arg_utils import EngineArgs
-    from atom_core.sampling_params import SamplingParams
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    engine = EngineArgs.from_cli_args(args).create_engine()
+    return EngineArgs.from_cli_args(args).create_engine()
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    from atom_core.sampling_params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, top_p=args.top_p
+    )
+
+
+def stream(
+    engine: LLMEngine, prompt: str, params: SamplingParams, out: TextIO,
+    stop: threading.Event | None = None,
+) -> tuple[str, str | None]:
+    """Generate for ``prompt``, writing each step's new text to ``out`` as it comes
+    (flushed, so that a pipe sees it too). Returns the whole text and the finish reason;
+    ``stop`` set between two steps aborts the request there (reason "abort")."""
+    pieces: list[str] = []
+    reasons: list[str | None] = []
+
+    def on_output(output: RequestOutput) -> None:
+        if output.text:
+            pieces.append(output.text)
+            out.write(output.text)
+            out.flush()
+        if output.finished:
+            reasons.append(output.finish_reason)
+
+    [request_id] = engine.add_request([prompt], params, stream_callback=on_output)
+    while not reasons:
+        if stop is not None and stop.is_set():
+            engine.abort_request(request_id)
+            return "".join(pieces), "abort"
+        engine.step()
+    return "".join(pieces), reasons[0]
+
+
+def run(args: argparse.Namespace) -> int:
+    engine = start_engine(args)
     prompt = args.prompt
     if not args.raw and engine.loaded.chat_template is not None:
         prompt = engine.apply_chat_template([{"role": "user", "content": prompt}])
-    params = SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, top_p=args.top_p
-    )
-    [out] = engine.generate([prompt], params)
-    sys.stdout.write(out["text"] + "\n")
+    try:
+        stream(engine, prompt, sampling_params(args), sys.stdout)
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays; no traceback
+        sys.stdout.write("\n")
+        return 130
+    sys.stdout.write("\n")
     return 0

@@ -13,7 +13,11 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="0.0.0.0", help="bind address")
     g.add_argument(
-        "--server-port", type=int, default=8000, help="HTTP port (--port is the engine's)"
+        "--server-port", type=int, default=8000,
+        help="the HTTP port clients connect to: the OpenAI and Anthropic APIs, /health, /metrics",
+    )
+    EngineArgs.add_cli_arg(
+        g, "port", help_prefix="the engine's port, as the serving guide names it (not HTTP); "
     )
     g.add_argument(
         "--timeout-keep-alive", type=int, default=5,
@@ -41,7 +45,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--served-model-name", default=None,
         help="the model name clients use (default: --model)",
     )
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="log level of the HTTP server (uvicorn) and ATOM's loggers in its process",
+    )
     g.add_argument(
         "--tool-call-parser", default="auto",
         help="tool-call wire format: a registered name (hermes, qwen, glm, kimi, kimi_k3, minimax, "
@@ -54,7 +61,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "the chat template; inline <think> when it names none)",
     )
     add_limit_args(parser)
-    EngineArgs.add_cli_args(parser)
+    EngineArgs.add_cli_args(parser, exclude=("port",))
     parser.add_argument(
         "model_tag", nargs="?", default=None, metavar="MODEL",
         help="the model, as --model says (`atom serve Qwen/Qwen3-8B`, as `vllm serve`)",
