@@ -115,3 +115,13 @@ def test_the_routes_fill_what_a_request_leaves_out():
     # A null counts as left out; a value, even the API's default, is the request's.
     assert (own.temperature, own.top_p, own.top_k, own.max_tokens) == (1.0, 0.95, 20, 7)
     assert (completion.temperature, completion.top_k, completion.max_tokens) == (0.6, 3, 40)
+
+
+def test_anthropic_messages_fill_what_a_request_leaves_out():
+    engine = FakeEngineClient()
+    app = make_app(engine, defaults=GenerationDefaults(MODEL_DEFAULTS))
+    body = {"model": "fake-model", "messages": USER, "max_tokens": 5, "top_k": 3}
+    assert post(app, "/v1/messages", body).status_code == 200
+    [(_, params, _)] = engine.calls
+    assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.95, 3)
+    assert (params.min_p, params.repetition_penalty, params.max_tokens) == (0.05, 1.1, 5)
