@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from atom_core import __version__
-from atom_core.entrypoints import bench_cmd, generate_cmd, parse_cmd
+from atom_core.entrypoints import bench_cmd, chat_cmd, generate_cmd, parse_cmd
 from atom_core.errors import AtomError
 
 
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_args(p)
     p.set_defaults(func=_cmd_serve)
     generate_cmd.add_parser(sub)
+    chat_cmd.add_parser(sub)
     parse_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     return parser

@@ -39,7 +39,7 @@ def one_line_error(capsys) -> str:
     return err.strip()
 
 
-@pytest.mark.parametrize("command", [("serve",), ("generate",)])
+@pytest.mark.parametrize("command", [("serve",), ("generate",), ("chat",)])
 def test_every_option_shows_its_default(command):
     parser = sub_parser(*command)
     formatter = AtomHelpFormatter(parser.prog)
