@@ -101,10 +101,22 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     of the step's tokens: the step's size picks the format)."""
     if uses_w8a8(x, weight) if w8a8 is None else w8a8:
         xq, x_scale = quantize_rows(x)
-        acc = (xq.float() @ weight.qweight.float().T) * x_scale[..., None]
-    else:
-        acc = x.float() @ weight.qweight.float().T
+        return w8a8_matmul(xq, x_scale, weight, bias, x.dtype)
+    return _scaled_out(x.float() @ weight.qweight.float().T, weight, bias, x.dtype)
+
+
+def w8a8_matmul(xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,
+                bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """(xq * x_scale[..., None]) @ W^T + bias in ``out_dtype``: the product of rows already
+    quantized per row (e4m3 ``xq`` [..., K], fp32 ``x_scale`` [...]), the reference of
+    ``torch._scaled_mm`` with row-wise scales."""
+    acc = (xq.float() @ weight.qweight.float().T) * x_scale[..., None]
+    return _scaled_out(acc, weight, bias, out_dtype)
+
+
+def _scaled_out(acc: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+                out_dtype: torch.dtype) -> torch.Tensor:
     out = acc * weight.scale
     if bias is not None:
         out = out + bias.float()
-    return out.to(x.dtype)
+    return out.to(out_dtype)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from atom_core.config import Config
 from atom_core.errors import ConfigError
 from atom_core.loader import load_model
+from atom_core.ops.native import linear as native_linear
 from atom_core.quant.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -101,6 +102,45 @@ def test_w8a8_model_stays_near_the_dequantized_model(kind):
     for got, want in zip(step_logits(q, STEPS), step_logits(ref, STEPS)):
         assert not torch.equal(got, want)
         assert ((got - want).norm() / want.norm()).item() < 0.05
+
+
+def _w8a8_logits(kind: str, dtype: torch.dtype, fuse: bool) -> list[torch.Tensor]:
+    path = str(tiny_model_dir(kind))
+    config = Config.from_kwargs(model=path, quantization="fp8", fp8_w8a8_min_rows=1)
+    return step_logits(load_model(config, "cpu", dtype, fuse=fuse).model, STEPS)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_w8a8_norm_and_quantization_fused_keep_the_logits(kind, monkeypatch):
+    """The fused decoder's norm and first projection (rms_norm_linear) quantize the norm's
+    fp32 rows in one op (rms_norm_quant_fp8); the unfused model norms, rounds to the model
+    dtype and quantizes that. In fp32, where that rounding is none, the logits are the
+    same bits. In bf16 the fused op skips the rounding, and each e4m3 value it flips
+    moves the logits as much as a fresh quantization would: both models are then as near
+    the fp32 model as each other (the tiny random models' logits are nearly flat)."""
+    fused_calls = []
+    fused = native_linear.rms_norm_quant_fp8
+    monkeypatch.setattr(native_linear, "rms_norm_quant_fp8",
+                        lambda *a: fused_calls.append(1) or fused(*a))
+    want = _w8a8_logits(kind, torch.float32, fuse=False)
+    assert not fused_calls
+    got = _w8a8_logits(kind, torch.float32, fuse=True)
+    # Every step, both norms of every layer (the qkv and gate_up projections).
+    layers = len(load_model(Config.from_kwargs(model=str(tiny_model_dir(kind))), "cpu",
+                            torch.float32, fuse=False).model.model.layers)
+    assert len(fused_calls) == 2 * layers * len(STEPS)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    half_fused = _w8a8_logits(kind, torch.bfloat16, fuse=True)
+    half_unfused = _w8a8_logits(kind, torch.bfloat16, fuse=False)
+    for f, u, ref in zip(half_fused, half_unfused, got):
+        f, u = f.float(), u.float()
+        assert _rel(f, ref) < 0.08 and _rel(u, ref) < 0.08
+        assert _rel(f, ref) < 1.25 * _rel(u, ref)
 
 
 def test_layer_kinds_choose_what_is_quantized():

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
-from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
-from atom_core.quant.fp8 import Fp8Weight, fp8_linear
+from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm, rms_norm_quant_fp8
+from atom_core.quant.fp8 import Fp8Weight, fp8_linear, uses_w8a8, w8a8_matmul
 
 
 def rows_of(x: torch.Tensor | DeferredNorm) -> torch.Tensor:
@@ -50,7 +50,12 @@ def rms_norm_linear(
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A pre-norm block's norm and first projection: (linear(rms_norm(h), weight, bias), h)
-    for h = x + residual, or h = x where residual is None."""
+    for h = x + residual, or h = x where residual is None. An ``Fp8Weight`` at W8A8 rows
+    takes the normed rows quantized from fp32 (``rms_norm_quant_fp8``): the quantization
+    the product would apply, less the rounding of the rows to the model dtype before it."""
+    if isinstance(weight, Fp8Weight) and uses_w8a8(x, weight):
+        xq, x_scale, summed = rms_norm_quant_fp8(x, residual, norm_weight, eps)
+        return w8a8_matmul(xq, x_scale, weight, bias, x.dtype), summed
     if residual is None:
         return plain_linear(rms_norm(x, norm_weight, eps), weight, bias), x
     normed_rows, summed = fused_add_rms_norm(x, residual, norm_weight, eps)

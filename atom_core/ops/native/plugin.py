@@ -6,7 +6,7 @@ from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul, silu_and_mul_linear
 from atom_core.ops.native.linear import linear, rms_norm_linear
 from atom_core.ops.native.moe import fused_moe, route
-from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm
+from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm, rms_norm_quant_fp8
 from atom_core.ops.native.qk_norm_rope import qk_norm_rope_cache_write
 from atom_core.ops.native.rotary import rotary_embedding
 from atom_core.ops.native.sampling import argmax
@@ -23,6 +23,7 @@ NATIVE_OPS = {
     "linear": linear,
     "silu_and_mul_linear": silu_and_mul_linear,
     "rms_norm_linear": rms_norm_linear,
+    "rms_norm_quant_fp8": rms_norm_quant_fp8,
     "argmax": argmax,
     "rejection_sample": rejection_sample,
 }
