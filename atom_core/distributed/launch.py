@@ -5,6 +5,10 @@ meeting at ``--master-addr:--master-port`` (torch.distributed's conventions; the
 Node 0 runs the server and the engine (rank 0) and its next ranks; each other node runs
 ``atom serve --node-rank R`` with the same model and flags, which starts only that node's
 ranks (``run_node``) and exits when they do.
+
+Or a launcher starts every rank (``torchrun --nproc-per-node N -m atom_core.entrypoints.cli
+serve -tp N``): rank 0 serves, and every other rank is a worker in the launched process
+(``launched_rank``).
 """
 
 from __future__ import annotations
@@ -12,11 +16,49 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from dataclasses import dataclass
 from typing import Any
 
 from atom_core.distributed.workers import RankWorkers, free_port
+from atom_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchedRank:
+    """This process's place in a group an outside launcher started, one process per rank
+    (torchrun, or anything that sets torch.distributed's ``env://`` variables)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def launched_rank(par: Any) -> LaunchedRank | None:
+    """With ``-tp`` N > 1 and ``RANK``/``WORLD_SIZE`` set (torchrun sets them, with
+    ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``): this process's rank, its peers
+    already started by the launcher; else None. A launch that does not match the flags is
+    a ConfigError."""
+    if par.tensor_parallel_size == 1 or "RANK" not in os.environ:
+        return None
+    try:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+    except (KeyError, ValueError):
+        raise ConfigError("RANK is set but WORLD_SIZE is missing or not a number: a "
+                          "launcher's environment (torchrun) needs both") from None
+    if size != par.tensor_parallel_size:
+        raise ConfigError(f"the launcher started {size} processes (WORLD_SIZE) for "
+                          f"--tensor-parallel-size {par.tensor_parallel_size}: one process "
+                          "per rank, e.g. torchrun --nproc-per-node N ... -tp N")
+    if par.nnodes != 1 or par.node_rank != 0 or par.data_parallel_size != 1:
+        raise ConfigError("under torchrun the launcher places the ranks: drop --nnodes, "
+                          "--node-rank and -dp")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise ConfigError(f"RANK and WORLD_SIZE are set but {name} is not")
+    return LaunchedRank(rank, size, local)
 
 
 def node_ranks(par: Any, node_rank: int) -> range:
@@ -53,3 +95,14 @@ def run_node(config: Any) -> int:
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
+
+
+def run_launched(config: Any, launched: LaunchedRank) -> int:
+    """A launched rank other than 0: be that rank's worker until rank 0 stops."""
+    from atom_core.distributed.worker import run_rank
+
+    par = config.parallel_config
+    logger.info("rank %d of %d (started by the launcher) joining env://", launched.rank,
+                launched.world_size)
+    return run_rank(launched.rank, launched.world_size, "env://", config,
+                    par.enable_expert_parallel)

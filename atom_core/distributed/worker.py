@@ -1,7 +1,8 @@
 """A tensor-parallel worker (rank >= 1): ``python -m atom_core.distributed.worker``, started
-by ``workers.RankWorkers``. Its stdin holds (rank, size, init_method, config,
-expert_parallel); then rank 0 broadcasts the KV cache's block count, one scheduled batch
-per step (and profiler orders between them), and None to stop."""
+by ``workers.RankWorkers``, or ``run_rank`` in a process a launcher (torchrun) started. Its
+stdin holds (rank, size, init_method, config, expert_parallel); then rank 0 broadcasts the
+KV cache's block count, one scheduled batch per step (and profiler orders between them),
+and None to stop."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import pickle
 import signal
 import sys
+from typing import Any
 
 import torch
 
@@ -21,13 +23,19 @@ def main() -> int:
     if not data:
         return 0
     rank, size, init_method, config, expert_parallel = pickle.loads(data)
+    return run_rank(rank, size, init_method, config, expert_parallel)
+
+
+def run_rank(rank: int, size: int, init_method: str, config: Any, expert_parallel: bool) -> int:
+    """Be tensor-parallel rank ``rank`` (>= 1) until rank 0 stops: 0, or 1 when a peer
+    is gone."""
     # A signal to the process group (Ctrl+C, a supervisor's SIGTERM) is the engine's or the
-    # node launcher's to act on: the worker follows rank 0, or is killed by its launcher.
+    # launcher's to act on: the worker follows rank 0, or is killed by its launcher.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(name)s: %(message)s")
-    # Imported after the arguments are read: the engine's modules load the plugins.
+    # Imported here: the engine's modules load the plugins.
     from atom_core.engine.llm_engine import resolve_device, resolve_dtype
     from atom_core.engine.model_runner import ModelRunner
     from atom_core.engine.profiler import ProfileOrder, rank_profiler

@@ -70,7 +70,7 @@ def serve(args: argparse.Namespace) -> int:
     except AtomError as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 1
-    if args.node_rank > 0:
+    if args.node_rank > 0 or _launched_worker(args):
         return _serve_node(args)
     try:
         app = build_app(args, on_engine_death=lambda reason: server.engine_died(reason))
@@ -119,16 +119,25 @@ def resolve_model_args(args: argparse.Namespace) -> None:
 def _serve_node(args: argparse.Namespace) -> int:
     """``--node-rank`` R > 0: no server here, only this node's tensor-parallel ranks, which
     join node 0's engine and exit with it."""
-    from atom_core.distributed.launch import run_node
+    from atom_core.distributed.launch import launched_rank, run_launched, run_node
     from atom_core.engine.arg_utils import EngineArgs
 
     try:
         config = EngineArgs.from_cli_args(args).create_config()
         check_model(args)
+        launched = launched_rank(config.parallel_config)
     except AtomError as exc:
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 1
+    if launched is not None:
+        return run_launched(config, launched)
     return run_node(config)
+
+
+def _launched_worker(args: argparse.Namespace) -> bool:
+    """A process a launcher (torchrun) started for a rank other than 0: it serves nothing.
+    Whether the launch fits the flags is checked where the rank starts."""
+    return args.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0"
 
 
 def check_model(args: argparse.Namespace) -> None:
