@@ -1,5 +1,6 @@
 """The HTTP app (FastAPI) in front of the engine process: OpenAI's and Anthropic's routes,
-health, metrics and profiling. ``server_runtime`` runs it under uvicorn.
+vLLM's /tokenize and /detokenize, health, metrics and profiling. ``server_runtime`` runs
+it under uvicorn.
 
 Every request passes, outermost first: X-Request-Id (request_id), the API key and the body
 size (guards), then, on the generation routes, admission, disconnect and timeout
@@ -13,8 +14,10 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+import msgspec
+from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp
@@ -43,6 +46,7 @@ from atom_core.entrypoints.http.openai.completions import OpenAIServingCompletio
 from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest, CompletionRequest
 from atom_core.entrypoints.http.openapi import install_openapi
 from atom_core.entrypoints.http.request_id import RequestIdMiddleware, install_log_filter
+from atom_core.entrypoints.http.tokenization import DetokenizeRequest, ServingTokenization
 from atom_core.errors import AtomError, EngineDeadError
 from atom_core.generation_defaults import GenerationDefaults
 
@@ -93,7 +97,9 @@ def build_app(
         # The handlers' engine: with a bounded queue, one that marks each first token.
         engine = FirstTokenWatch(client) if queue is not None else client
         chat = OpenAIServingChat(engine, parser=parser, encoder=encoder, defaults=defaults)
-        state.update(client=client, metrics=metrics, chat=chat,
+        tokenization = ServingTokenization(chat)
+        state.update(client=client, metrics=metrics, chat=chat, tokenization=tokenization,
+                     tokenizer_info=msgspec.to_builtins(tokenization.info()),
                      messages=AnthropicServingMessages(chat),
                      completion=OpenAIServingCompletion(engine, defaults=defaults))
         app.state.engine_client = client  # server_runtime aborts what a shutdown's drain left
@@ -140,11 +146,25 @@ def build_app(
         # The body is parsed by the handler: its errors are Anthropic-shaped.
         return timed(await state["messages"].handle(raw_request), "messages")
 
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(raw_request: Request) -> Response:
+        return await state["messages"].handle_count_tokens(raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: Annotated[dict[str, Any], Body()]) -> Response:
+        # Either form, told apart by its keys in the handler (tokenization.tokenize_request).
+        return await state["tokenization"].tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> Response:
+        return await state["tokenization"].detokenize(request)
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         client = state["client"]
         card = {"id": client.model_name, "object": "model", "created": 0, "owned_by": "atom",
-                "root": client.model_name, "max_model_len": client.max_model_len}
+                "root": client.model_name, "max_model_len": client.max_model_len,
+                "tokenizer": state["tokenizer_info"]}
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/health")

@@ -3,8 +3,9 @@
 FastAPI's own document is right about the request bodies it validates and wrong or silent
 about the rest: it promises 422 for a validation error (the server answers 400, see
 errors.py), has no schema for any reply (the handlers return msgspec-encoded
-responses), and no request body for /v1/messages (its handler parses the body itself, so
-that its errors are Anthropic's). ``install_openapi`` serves FastAPI's document corrected:
+responses), and no request body where the handler parses the body itself: /v1/messages
+and its count_tokens (so that their errors are Anthropic's) and /tokenize (which tells its
+two forms apart by their keys). ``install_openapi`` serves FastAPI's document corrected:
 
 - every operation lists the error statuses it can answer, each with its API's error body
   (Anthropic's on /v1/messages, OpenAI's elsewhere), and no 422;
@@ -13,7 +14,7 @@ that its errors are Anthropic's). ``install_openapi`` serves FastAPI's document 
   described one by one, as OpenAPI 3.1 reads an event stream's schema: each event's
   ``data`` is JSON text (``contentMediaType``) of one of the route's stream Structs or of
   its error body, or OpenAI's closing ``[DONE]``;
-- /v1/messages takes a MessagesRequest.
+- those routes take their request models (REQUEST_BODIES).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from atom_core.entrypoints.http.anthropic.protocol import (
+    CountTokensRequest,
     ErrorOut,
     MessageOut,
     MessagesRequest,
+    MessageTokensCount,
     StreamEvent,
 )
 from atom_core.entrypoints.http.openai.protocol import (
@@ -42,9 +45,25 @@ from atom_core.entrypoints.http.openai.protocol import (
     ErrorResponse,
     ModelList,
 )
+from atom_core.entrypoints.http.tokenization import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+)
 
 REF = "#/components/schemas/{name}"
-REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, MessagesRequest)
+REQUEST_MODELS = (
+    ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
+    TokenizeCompletionRequest, TokenizeChatRequest, DetokenizeRequest,
+)  # fmt: skip
+# The request bodies of the routes whose handler parses the body: any one of these models.
+REQUEST_BODIES: dict[str, tuple[str, ...]] = {
+    "/v1/messages": ("MessagesRequest",),
+    "/v1/messages/count_tokens": ("CountTokensRequest",),
+    "/tokenize": ("TokenizeCompletionRequest", "TokenizeChatRequest"),
+}
 
 # Why each status may come back; every generation route can answer each of these.
 STATUS_TEXT: dict[int, str] = {
@@ -57,6 +76,8 @@ STATUS_TEXT: dict[int, str] = {
     504: "The request ran past --request-timeout; its generation was aborted",
 }
 GENERATION_ERRORS = (400, 401, 404, 413, 429, 503, 504)
+# Answered by the frontend alone: no queue, no engine.
+TOKENIZER_ERRORS = (400, 401, 404, 413)
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,9 @@ ROUTES: dict[str, Answers] = {
     "/v1/messages": Answers(
         MessageOut, GENERATION_ERRORS, events=get_args(StreamEvent), anthropic=True
     ),
+    "/v1/messages/count_tokens": Answers(MessageTokensCount, TOKENIZER_ERRORS, anthropic=True),
+    "/tokenize": Answers(TokenizeResponse, TOKENIZER_ERRORS),
+    "/detokenize": Answers(DetokenizeResponse, TOKENIZER_ERRORS),
     "/v1/models": Answers(ModelList, (401, 503)),
     "/health": Answers(_STATUS_OK, (503,)),
     "/version": Answers(
@@ -138,8 +162,8 @@ def api_document(app: FastAPI) -> dict[str, Any]:
     for path, operations in doc["paths"].items():
         answers = ROUTES.get(path, Answers(None, (400, 401)))
         for operation in operations.values():
-            if path == "/v1/messages":
-                operation["requestBody"] = _json_body("MessagesRequest")
+            if path in REQUEST_BODIES:
+                operation["requestBody"] = _json_body(REQUEST_BODIES[path])
             operation["responses"] = _responses(answers, operation["responses"])
     return doc
 
@@ -192,8 +216,10 @@ def _sse_event(names: list[str], done: bool) -> dict[str, Any]:
     }
 
 
-def _json_body(name: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+def _json_body(names: tuple[str, ...]) -> dict[str, Any]:
+    # anyOf, not oneOf: a body may fit several (their unknown fields are allowed).
+    schema = _ref(names[0]) if len(names) == 1 else {"anyOf": [_ref(n) for n in names]}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import Body, FastAPI, Request
 from fastapi.responses import Response
 
 from atom_core.entrypoints.http.anthropic.messages import AnthropicServingMessages
@@ -16,16 +16,18 @@ from atom_core.entrypoints.http.errors import install_error_handlers
 from atom_core.entrypoints.http.openai.chat import OpenAIServingChat
 from atom_core.entrypoints.http.openai.completions import OpenAIServingCompletion
 from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest, CompletionRequest
+from atom_core.entrypoints.http.tokenization import DetokenizeRequest, ServingTokenization
 
 
 def make_app(engine: Any, **chat_kw: Any) -> FastAPI:
-    """Chat, completions and Anthropic messages over ``engine`` (an EngineClientAPI); the
-    completions route shares the chat handler's ``defaults`` (GenerationDefaults)."""
+    """Chat, completions, Anthropic messages and (de)tokenization over ``engine`` (an
+    EngineClientAPI); the completions route shares the chat handler's ``defaults``
+    (GenerationDefaults)."""
     app = FastAPI()
     install_error_handlers(app)
     chat = OpenAIServingChat(engine, **chat_kw)
     completion = OpenAIServingCompletion(engine, defaults=chat_kw.get("defaults"))
-    messages = AnthropicServingMessages(chat)
+    messages, tokenization = AnthropicServingMessages(chat), ServingTokenization(chat)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
@@ -38,6 +40,18 @@ def make_app(engine: Any, **chat_kw: Any) -> FastAPI:
     @app.post("/v1/messages")
     async def anthropic_messages(raw_request: Request) -> Response:
         return await messages.handle(raw_request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(raw_request: Request) -> Response:
+        return await messages.handle_count_tokens(raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(body: Annotated[dict[str, Any], Body()]) -> Response:
+        return await tokenization.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> Response:
+        return await tokenization.detokenize(request)
 
     return app
 

@@ -105,6 +105,27 @@ def test_other_routes(doc):
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
 
 
+@pytest.mark.parametrize(
+    ("path", "bodies", "ok", "error"),
+    [
+        ("/tokenize", ["TokenizeCompletionRequest", "TokenizeChatRequest"], "TokenizeResponse",
+         "ErrorResponse"),
+        ("/detokenize", ["DetokenizeRequest"], "DetokenizeResponse", "ErrorResponse"),
+        ("/v1/messages/count_tokens", ["CountTokensRequest"], "MessageTokensCount", "ErrorOut"),
+    ],
+)
+def test_tokenizer_routes(doc, path, bodies, ok, error):
+    operation = doc["paths"][path]["post"]
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    refs_ = [b["$ref"] for b in body.get("anyOf", [body])]
+    assert refs_ == [f"#/components/schemas/{name}" for name in bodies]
+    responses = operation["responses"]
+    assert sorted(responses) == ["200", "400", "401", "404", "413"]  # no queue, no engine
+    assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith(f"/{ok}")
+    assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith(f"/{error}")
+    assert "text/event-stream" not in responses["200"]["content"]
+
+
 def test_the_document_is_built_once():
     app = FastAPI()
     install_openapi(app)
