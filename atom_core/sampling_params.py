@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from atom_core.errors import InvalidRequestError
+from atom_core.structured.spec import StructuredSpec
 
 # Integers cross to the engine process (msgspec: at most 2**64 - 1) and into torch tensors
 # (int64), so each is bounded to what both can hold.
@@ -24,6 +25,9 @@ class SamplingParams:
     ``prompt_logprobs`` = n does the same for every prompt token after the first.
     ``max_tokens``, ``top_k`` and stop token ids are int64s; ``seed`` is in
     torch.Generator's range, [-2**63, 2**64 - 1].
+    ``structured`` constrains the output to a JSON schema, regex, choice or grammar
+    (atom_core/structured): each step samples only tokens that keep the text a prefix of
+    a match, and the sequence ends ("stop") once the match is complete.
     """
 
     temperature: float = 1.0
@@ -41,6 +45,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    structured: StructuredSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, str):
@@ -87,3 +92,5 @@ class SamplingParams:
             raise bad("stop", "must be a list of non-empty strings")
         if not all(isinstance(t, int) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be a list of integers in [0, 2**63 - 1]")
+        if self.structured is not None:
+            self.structured.validate()

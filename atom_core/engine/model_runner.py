@@ -27,6 +27,7 @@ from atom_core.layers.transfer import host_to_device
 from atom_core.loader import LoadedModel
 from atom_core.ops.native.kv_cache import FP8_KV_DTYPE
 from atom_core.quant.online import require_fp8_device
+from atom_core.structured.matcher import fill_bitmask
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ class ModelRunner(SpeculativeSteps):
                                   prompt_lps)
         else:
             logits = self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
-            result = self.sampler(logits, sbatch)
+            result = self.sampler(logits, self._constrain(chosen, sbatch))
             pending = self._send_back(chosen, result)
             pending.prompt_logprobs = prompt_lps
             if self.drafter is not None:  # its inputs include the sampled tokens
@@ -328,7 +329,8 @@ class ModelRunner(SpeculativeSteps):
         if sbatch is None:  # chunks short of their prompts' ends: nothing to sample
             nothing = torch.empty(0, dtype=torch.long, device=self.device)
             return PendingStep([], nothing, torch.empty(0, dtype=torch.long), None, [])
-        return self._send_back(chosen, self.sampler(self.model.compute_logits(hidden), sbatch))
+        logits = self.model.compute_logits(hidden)
+        return self._send_back(chosen, self.sampler(logits, self._constrain(chosen, sbatch)))
 
     def _launch_decode(self, seqs: list[Sequence], ids_from: PendingStep | None) -> PendingStep:
         """The GPU decode path: inputs into the static buffers, then a graph replay (or the
@@ -355,7 +357,7 @@ class ModelRunner(SpeculativeSteps):
             with forward_context(meta):
                 hidden = self.model(inputs.input_ids(n), inputs.positions(n))
                 logits = self.model.compute_logits(hidden)
-        return self._send_back(seqs, self.sampler(logits, sbatch))
+        return self._send_back(seqs, self.sampler(logits, self._constrain(seqs, sbatch)))
 
     def _send_back(self, seqs: list[Sequence], result: SamplerOutput) -> PendingStep:
         """Start the copy of the sampled ids to the host; record when it is done."""
@@ -393,6 +395,21 @@ class ModelRunner(SpeculativeSteps):
         # Penalties read the growing output ids: such a batch is rebuilt every step.
         self._sampling_cache = None if sbatch.any_penalty else (key, sbatch)
         return sbatch
+
+    def _constrain(self, seqs: list[Sequence], sbatch: SamplingBatch) -> SamplingBatch:
+        """``sbatch`` with this step's grammar bitmask for its constrained rows (structured
+        outputs), filled on the host after the forward is queued, so that on a GPU the
+        fill overlaps it. A batch without constraints passes through untouched. Such a
+        step never runs ahead of the host (LLMEngine._may_launch_ahead): each matcher has
+        taken the previous step's token."""
+        if not sbatch.constrained:
+            return sbatch
+        matchers = [seqs[i].grammar for i in sbatch.constrained]
+        if matchers[0] is None:  # a tensor-parallel worker's copy: its tokens are not used
+            return sbatch
+        pin = self.device.type == "cuda"
+        bitmask = fill_bitmask(matchers, self.hf_config.vocab_size, pin)
+        return sbatch.with_bitmask(bitmask.to(self.device, non_blocking=pin))
 
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
         return SamplingBatch.build(

@@ -6,8 +6,12 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import TYPE_CHECKING, Any
 
 from atom_core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from atom_core.structured.matcher import GrammarMatcher
 
 
 class SequenceStatus(Enum):
@@ -68,6 +72,8 @@ class Sequence:
         self.prompt_logprobs: list[Logprob | None] = []
         self.num_preemptions = 0
         self.spec_tokens: list[int] = []  # draft tokens the next step verifies
+        # Where the output is in its request's grammar (structured outputs), else None.
+        self.grammar: GrammarMatcher | None = None
         self.arrival_time = time.monotonic()
         self.scheduled_time: float | None = None
         self.first_token_time: float | None = None
@@ -76,6 +82,11 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A step's sequences are pickled to tensor-parallel workers; a matcher does not
+        # pickle, and only rank 0 masks its logits.
+        return {**self.__dict__, "grammar": None}
 
     @property
     def num_tokens(self) -> int:

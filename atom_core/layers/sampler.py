@@ -1,4 +1,5 @@
-"""Turn a batch of logits into next tokens: penalties, greedy/temperature, top-k/top-p/min-p.
+"""Turn a batch of logits into next tokens: the grammar mask, penalties, greedy/temperature,
+top-k/top-p/min-p.
 
 Everything is batched over rows; the only per-row Python work on the device path is the
 noise draw for rows that carry their own seeded ``torch.Generator``. Sampling is an
@@ -10,7 +11,7 @@ generator - so its draws depend only on its seed and step count, not on the batc
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +37,9 @@ class SamplingBatch:
     ``prompt_tokens`` holds prompt+output ids for rows with a repetition penalty and
     ``output_tokens`` output ids for rows with any penalty (both -1 padded); they are only
     built when ``any_penalty``.
+    ``constrained`` lists the rows whose request has a constraint (structured outputs);
+    the engine fills ``token_bitmask`` for them each step (``with_bitmask``), and the
+    sampler masks their logits. Batches without one carry an empty list and nothing else.
     """
 
     temperature: Tensor  # [B] fp32
@@ -57,6 +61,9 @@ class SamplingBatch:
     any_top_k: bool
     any_min_p: bool
     max_logprobs: int | None  # largest requested logprobs, None when no row asks
+    constrained: list[int] = field(default_factory=list)  # rows with a constraint
+    constrained_rows: Tensor | None = None  # [C] long, those rows; None when all or none
+    token_bitmask: Tensor | None = None  # [C, ceil(V/32)] int32; set for the step
 
     @classmethod
     def build(
@@ -86,6 +93,7 @@ class SamplingBatch:
         # Greedy rows never sample, so their filters and seeds are irrelevant: ignore them
         # for the flags so an all-greedy batch takes the argmax-only path.
         sampled = [p for p, g in zip(params, greedy, strict=True) if not g]
+        constrained = [i for i, p in enumerate(params) if p.structured is not None]
         batch = cls(
             temperature=floats(
                 [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)]
@@ -110,7 +118,10 @@ class SamplingBatch:
             any_top_k=any(p.top_k > 0 for p in sampled),
             any_min_p=any(p.min_p > 0.0 for p in sampled),
             max_logprobs=max(asked) if asked else None,
+            constrained=constrained,
         )
+        if constrained and len(constrained) < len(params):
+            batch.constrained_rows = host_to_device(constrained, torch.long, device)
         if any_penalty:
             batch.repetition_penalty = floats(rep)
             batch.presence_penalty = floats(pres)
@@ -132,6 +143,12 @@ class SamplingBatch:
             )
         return batch
 
+    def with_bitmask(self, bitmask: Tensor) -> SamplingBatch:
+        """This batch for one step whose constrained rows may sample only the tokens set
+        in ``bitmask`` (row j for row ``constrained[j]``). A copy: a decode batch's
+        SamplingBatch is reused from step to step, its masks are not."""
+        return replace(self, token_bitmask=bitmask)
+
 
 @dataclass
 class SamplerOutput:
@@ -142,6 +159,28 @@ class SamplerOutput:
 def _scatter_index(tokens: Tensor, vocab_size: int) -> Tensor:
     # Padding (-1) goes to an extra column V that is dropped after the scatter.
     return torch.where(tokens < 0, vocab_size, tokens)
+
+
+_BIT_SHIFTS: dict[torch.device, Tensor] = {}
+
+
+def apply_token_bitmask(logits: Tensor, batch: SamplingBatch) -> Tensor:
+    """``logits`` with every token its row's bitmask forbids at -inf (constrained rows
+    only; a copy, the model's logits untouched)."""
+    bitmask = batch.token_bitmask
+    assert bitmask is not None
+    shifts = _BIT_SHIFTS.get(logits.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32,
+                                                          device=logits.device)
+    vocab = logits.shape[-1]
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, :vocab].bool()
+    rows = batch.constrained_rows
+    if rows is None:
+        return logits.masked_fill(~allowed, float("-inf"))
+    out = logits.clone()
+    out[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return out
 
 
 def apply_penalties(logits: Tensor, batch: SamplingBatch) -> Tensor:
@@ -219,9 +258,10 @@ class Sampler(nn.Module):
     """Logits [B, V] (any float dtype; computed on in fp32) -> one token per row, plus
     logprobs for rows that ask.
 
-    Logprobs are the log_softmax of the raw model output - before penalties, temperature
-    and top-k/top-p/min-p - matching vLLM v1's default: they describe what the model
-    predicted, not the (request-dependent) distribution the token was drawn from.
+    Logprobs are the log_softmax of the raw model output - before the grammar mask,
+    penalties, temperature and top-k/top-p/min-p - matching vLLM v1's default: they
+    describe what the model predicted, not the (request-dependent) distribution the token
+    was drawn from (and no forbidden token is listed at -inf).
     """
 
     def __init__(self) -> None:
@@ -239,9 +279,13 @@ class Sampler(nn.Module):
         if batch.all_greedy and not batch.any_penalty and batch.max_logprobs is None:
             # Widening to fp32 is exact, so the argmax (and its first-index tie rule) is the
             # same on the model's dtype; skipping the copy saves a kernel a decode step.
+            if batch.token_bitmask is not None:
+                logits = apply_token_bitmask(logits, batch)
             return SamplerOutput(self._argmax(logits), [None] * logits.shape[0])
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
+        if batch.token_bitmask is not None:
+            logits = apply_token_bitmask(logits, batch)
         logits = apply_penalties(logits, batch)
         greedy_ids = self._argmax(logits)
         token_ids = (
