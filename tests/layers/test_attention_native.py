@@ -100,14 +100,21 @@ def test_padding_slots_are_not_written():
     assert torch.equal(flat[:, 1:], snapshot[:, 1:])
 
 
+def e4m3(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """What an fp8 cache holds for x under ``scale``: x times the fp32 reciprocal, saturated."""
+    return (x.float() * torch.tensor(1 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("k_scale,v_scale", [(1.0, 1.0), (0.37, 2.9)])
 @pytest.mark.parametrize("batch", [MIXED, DECODES, PREFILLS], ids=["mixed", "decode", "prefill"])
-def test_fp8_cache_attends_over_what_it_stored(batch):
-    """``--kv_cache_dtype fp8``: K/V stored as e4m3 (saturated), and every read of the cache
-    (decodes, chunks after a cached prefix) attends over those values; a prompt computed in
-    one step attends over its own K/V as computed."""
+def test_fp8_cache_attends_over_what_it_stored(batch, k_scale, v_scale):
+    """``--kv_cache_dtype fp8``: K/V stored as e4m3 of ``x / scale`` (saturated), and every
+    read of the cache (decodes, chunks after a cached prefix) attends over those values
+    times the scale; a prompt computed in one step attends over its own K/V as computed."""
     heads, kv_heads, head_dim, block_size, scale = 8, 2, 16, 4, 16**-0.5
     g = torch.Generator().manual_seed(7)
     backend = NativeAttentionBackend(heads, head_dim, kv_heads, scale)
+    backend.k_scale, backend.v_scale = k_scale, v_scale
     kv = PagedKV(num_blocks=48, block_size=block_size, seed=3)
     shape = backend.kv_cache_shape(kv.num_blocks, block_size, kv_heads, head_dim)
     cache = torch.zeros(shape, dtype=torch.float8_e4m3fn)
@@ -120,7 +127,7 @@ def test_fp8_cache_attends_over_what_it_stored(batch):
         meta, _ = kv.step([s for s, _ in cached], [p for _, p in cached])
         NativeAttentionBackend.write_cache(torch.cat([full_k[s][:p] for s, p in cached]),
                                            torch.cat([full_v[s][:p] for s, p in cached]),
-                                           cache, meta.slot_mapping)
+                                           cache, meta.slot_mapping, k_scale, v_scale)
     meta, _ = kv.step(ids, [n for _, n in batch])
     q = [torch.randn(n, heads, head_dim, generator=g) / 50 for _, n in batch]
     k_new = torch.cat([k[p:] for k, (p, _) in zip(full_k, batch)])
@@ -128,15 +135,16 @@ def test_fp8_cache_attends_over_what_it_stored(batch):
     out = backend.forward(torch.cat(q).flatten(1), k_new.flatten(1), v_new.flatten(1), cache,
                           meta)
 
-    def stored(x: torch.Tensor) -> torch.Tensor:
-        return x.clamp(-448, 448).to(torch.float8_e4m3fn).float()
-
     assert torch.isfinite(cache.float()).all()
     for i, (rows, (p, n)) in enumerate(zip(out.split([n for _, n in batch]), batch)):
         whole_prompt = p == 0 and n > 1
-        k, v = (full_k[i], full_v[i]) if whole_prompt else (stored(full_k[i]), stored(full_v[i]))
+        k, v = (full_k[i], full_v[i]) if whole_prompt else (
+            e4m3(full_k[i], k_scale).double() * k_scale,
+            e4m3(full_v[i], v_scale).double() * v_scale)
         ref = dense_reference(q[i], k, v, scale)
         torch.testing.assert_close(rows.view_as(q[i]).double(), ref, atol=1e-5, rtol=1e-5)
         for pos in range(kv.lens[ids[i]]):
             block = kv.tables[ids[i]][pos // block_size]
-            assert torch.equal(cache[0, block, pos % block_size].float(), stored(full_k[i][pos]))
+            for j, (x, s) in enumerate(((full_k[i], k_scale), (full_v[i], v_scale))):
+                held = cache[j, block, pos % block_size].view(torch.uint8)
+                assert torch.equal(held, e4m3(x[pos], s).view(torch.uint8))

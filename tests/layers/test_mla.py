@@ -162,3 +162,37 @@ def test_mla_layer_forward_needs_context_and_cache():
     layer.kv_cache = torch.zeros(layer.kv_cache_shape(4, 4))
     with forward_context(meta):
         assert layer(*args).shape == (3, HEADS * V)
+
+
+@pytest.mark.parametrize("kv_scale", [1.0, 0.0137])
+def test_fp8_latent_cache_attends_over_what_it_stored(kv_scale):
+    """``--kv_cache_dtype fp8``: each latent row stored as e4m3 of ``row / kv_scale``
+    (saturated); reads of the cache (decodes, chunks after a cached prefix) attend over
+    the stored rows times ``kv_scale``, a prompt computed in one step over its own."""
+    seqs = Sequences([p + n for p, n in MIXED], 4, seed=5, dtype=torch.float8_e4m3fn)
+    seqs.backend.kv_scale = kv_scale
+    for x in seqs.kv_c:
+        x.mul_(4)
+    if kv_scale < 1:  # some values past 448 * kv_scale: stored saturated
+        assert any(bool((x.abs() > 448 * kv_scale).any()) for x in seqs.kv_c)
+    cached = [(s, p) for s, (p, _) in enumerate(MIXED) if p]
+    seqs.step([s for s, _ in cached], [(0, p) for _, p in cached])
+    outs = seqs.step(list(range(len(MIXED))), [(p, p + n) for p, n in MIXED])
+
+    def stored(x: torch.Tensor) -> torch.Tensor:
+        scaled = (x * torch.tensor(1 / kv_scale)).clamp(-448, 448)
+        return scaled.to(torch.float8_e4m3fn)
+
+    for s, ((p, n), got) in enumerate(zip(MIXED, outs)):
+        kv_c, k_pe = seqs.kv_c[s][: p + n], seqs.k_pe[s][: p + n]
+        if p or n == 1:  # read from the cache
+            kv_c = stored(kv_c).double() * kv_scale
+            k_pe = stored(k_pe).double() * kv_scale
+        ref = dense_reference(seqs.q_nope[s][p:], seqs.q_pe[s][p:], kv_c, k_pe, seqs.w)
+        torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+        sid = seqs.ids[s]
+        for pos in range(p + n):
+            block = seqs.kv.tables[sid][pos // 4]
+            row = torch.cat((seqs.kv_c[s][pos], seqs.k_pe[s][pos]))
+            held = seqs.cache[block, pos % 4].view(torch.uint8)
+            assert torch.equal(held, stored(row).view(torch.uint8))

@@ -54,13 +54,20 @@ class AttentionBackend(ABC):
     decodes mixed) given metadata whose host-side facts were fixed at capture and whose
     ``decode_seqs``/``prefill_seqs`` say on the device which sequences are which
     (engine/step_graphs.py). ``fp8_kv_cache``: the cache may be float8_e4m3fn
-    (``--kv_cache_dtype fp8``): values stored saturated, read back as they are (scale one).
+    (``--kv_cache_dtype fp8``): K stored as ``e4m3(k / k_scale)``, saturated, and read back
+    as ``stored * k_scale``; V likewise with ``v_scale`` (ops/native/kv_cache.py). The
+    layer sets the scales once its weights are loaded (kv_scales.py); a backend reads them
+    on every call, and ignores them for a cache of any other dtype.
     """
 
     accepts_written_cache: bool = False
     cuda_graph_safe: bool = False
     step_graph_safe: bool = False
-    fp8_kv_cache: bool = False  # reads and writes a float8_e4m3fn cache (scale one)
+    fp8_kv_cache: bool = False  # reads and writes a float8_e4m3fn cache with k/v_scale
+    # Plain numbers, fixed after loading: kernels take them as arguments, and a captured
+    # CUDA graph keeps the values it was captured with (graphs are captured after loading).
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads
@@ -106,6 +113,7 @@ class AttentionBackend(ABC):
                 q, k = self._op("qk_norm_rope_cache_write", q.device)(
                     q, k, v, inp.q_weight, inp.k_weight, inp.eps, inp.positions,
                     inp.cos_sin_cache, kv_cache, meta.slot_mapping, inp.is_neox,
+                    self.k_scale, self.v_scale,
                 )
                 return self.forward(q, k, v, kv_cache, meta, cache_written=True)
             norm = self._op("rms_norm", q.device)

@@ -75,9 +75,22 @@ class Attention(nn.Module):
         self.backend: AttentionBackend = info.cls(num_heads, head_dim, self.num_kv_heads, scale)
         # Not a buffer: the runner owns the cache's memory and its lifetime.
         self.kv_cache: torch.Tensor | None = None
+        self.kv_scales_from_checkpoint = False  # see kv_scales.py
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def kv_scales(self) -> tuple[float, float]:
+        """(K scale, V scale) of an fp8 cache: it stores ``x / scale`` (kv_scales.py)."""
+        return self.backend.k_scale, self.backend.v_scale
+
+    def set_kv_scales(self, k: float | None = None, v: float | None = None) -> None:
+        """Set the fp8 cache's K and/or V scale (None keeps one); before graphs are captured."""
+        if k is not None:
+            self.backend.k_scale = k
+        if v is not None:
+            self.backend.v_scale = v
 
     @property
     def accepts_written_cache(self) -> bool:

@@ -32,9 +32,11 @@ class MLABackend(ABC):
     qk_rope_head_dim]`` cache. ``forward`` writes the new tokens' latents at
     ``meta.slot_mapping`` and returns each new query's attention over its sequence's whole
     context (causal within the sequence), as ``[T, num_heads * v_head_dim]``.
-    ``fp8_kv_cache``: as ``AttentionBackend``'s."""
+    ``fp8_kv_cache``: as ``AttentionBackend``'s, with one scale, ``kv_scale``, for the
+    whole latent row (MLA caches one vector per token)."""
 
     fp8_kv_cache: bool = False
+    kv_scale: float = 1.0  # fixed after loading, as AttentionBackend's k_scale
 
     def __init__(
         self,
@@ -113,11 +115,23 @@ class MLAAttention(nn.Module):
         )
         # Not a buffer: the runner owns the cache's memory and its lifetime.
         self.kv_cache: torch.Tensor | None = None
+        self.kv_scales_from_checkpoint = False  # see kv_scales.py
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return self.backend.kv_cache_shape(
             num_blocks, block_size, self.kv_lora_rank, self.qk_rope_head_dim
         )
+
+    @property
+    def kv_scales(self) -> tuple[float]:
+        """The one scale of an fp8 latent cache: it stores ``x / scale`` (kv_scales.py)."""
+        return (self.backend.kv_scale,)
+
+    def set_kv_scales(self, k: float | None = None, v: float | None = None) -> None:
+        """The latent cache's scale is the K scale, as vLLM reads MLA checkpoints: the whole
+        cached row is key (``kv_c`` also the value's source), so a V scale is not applied."""
+        if k is not None:
+            self.backend.kv_scale = k
 
     def forward(
         self,

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.attention.mla import MLABackend
 from atom_core.layers.transfer import host_to_device
-from atom_core.ops.native.kv_cache import store_rows
+from atom_core.ops.native.kv_cache import dequantize, store_rows
 
 
 class NativeMLABackend(MLABackend):
@@ -24,7 +24,8 @@ class NativeMLABackend(MLABackend):
 
     A slot of -1 marks a padding token whose latent is not stored. The cache may be
     allocated with ``torch.empty``: unwritten slots are never read unmasked, and masked
-    ones are zeroed in the gathered copy, so stale NaN/inf cannot leak through.
+    ones are zeroed in the gathered copy, so stale NaN/inf cannot leak through. An fp8
+    cache is read dequantized (``kv_scale``).
     """
 
     fp8_kv_cache = True
@@ -40,7 +41,7 @@ class NativeMLABackend(MLABackend):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = q_nope.shape[0]
-        self.write_cache(kv_c, k_pe, kv_cache, meta.slot_mapping)
+        self.write_cache(kv_c, k_pe, kv_cache, meta.slot_mapping, self.kv_scale)
         if meta.is_decode_only:
             out = self._decode(
                 q_nope, q_pe, kv_b_weight, kv_cache, meta.block_tables, meta.seq_lens,
@@ -70,21 +71,25 @@ class NativeMLABackend(MLABackend):
 
     @staticmethod
     def write_cache(
-        kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+        scale: float = 1.0,
     ) -> None:
-        """Store the new tokens' ``[kv_c | k_pe]`` at their slots, in place."""
+        """Store the new tokens' ``[kv_c | k_pe]`` at their slots, in place; an fp8 cache
+        gets them divided by ``scale``."""
         store_rows(kv_cache.view(-1, kv_cache.shape[-1]), slot_mapping,
-                   torch.cat((kv_c, k_pe), dim=-1))
+                   torch.cat((kv_c, k_pe), dim=-1), scale)
 
-    @staticmethod
-    def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-        """Latents of the first ``length`` context tokens, [..., length, kv_lora_rank + rope]."""
+    def _gather(self, kv_cache: torch.Tensor, block_table: torch.Tensor, length: int,
+                dtype: torch.dtype) -> torch.Tensor:
+        """Latents of the first ``length`` context tokens, [..., length, kv_lora_rank + rope],
+        in ``dtype`` (an fp8 cache's dequantized)."""
         block_size = kv_cache.shape[1]
         num_blocks = -(-length // block_size)
         # Padding (-1) only occurs past a sequence's blocks; clamped, it is masked off later.
         blocks = block_table[..., :num_blocks].clamp(min=0).long()
         shape = (*blocks.shape[:-1], num_blocks * block_size, kv_cache.shape[-1])
-        return kv_cache.index_select(0, blocks.flatten()).view(shape)[..., :length, :]
+        latents = kv_cache.index_select(0, blocks.flatten()).view(shape)[..., :length, :]
+        return dequantize(latents, self.kv_scale).to(dtype)
 
     def _split_kv_b(self, kv_b_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [H, nope, L], W_UV [H, v, L]): views of kv_b_proj's rows per head."""
@@ -106,7 +111,7 @@ class NativeMLABackend(MLABackend):
         # Absorb W_UK: q_nope . (W_UK kv_c) == (q_nope W_UK) . kv_c, per head.
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [S, H, L]
         query = torch.cat((q_latent, q_pe.to(q_latent.dtype)), dim=-1)
-        latents = self._gather(kv_cache, block_tables, max_len).to(query.dtype)  # [S, Lmax, L+R]
+        latents = self._gather(kv_cache, block_tables, max_len, query.dtype)  # [S, Lmax, L+R]
         mask = torch.arange(max_len, device=query.device) < seq_lens.to(query.device)[:, None]
         if min_len < max_len:
             # Past a shorter sequence's end lie other data or never-written memory; a NaN
@@ -138,7 +143,7 @@ class NativeMLABackend(MLABackend):
         if query_len == length:
             mask, causal = None, True
         else:  # a cached prefix: query row r sees keys up to length - query_len + r
-            latents = self._gather(kv_cache, block_table, length).to(q_nope.dtype)
+            latents = self._gather(kv_cache, block_table, length, q_nope.dtype)
             kv_c, k_pe = latents.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
             mask = torch.ones(query_len, length, dtype=torch.bool, device=q_nope.device)
             mask = mask.tril(diagonal=length - query_len)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from atom_core.layers.attention.backend import AttentionBackend
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.transfer import host_to_device
-from atom_core.ops.native.kv_cache import FP8_KV_DTYPE, write_kv_cache
+from atom_core.ops.native.kv_cache import dequantize, write_kv_cache
 
 
 class NativeAttentionBackend(AttentionBackend):
@@ -23,6 +23,7 @@ class NativeAttentionBackend(AttentionBackend):
     A slot of -1 marks a padding token whose K/V is not stored. The cache may be allocated
     with ``torch.empty``: slots a sequence has not written are never read unmasked, and the
     masked ones are zeroed in the gathered copy, so stale NaN/inf cannot leak through.
+    An fp8 cache is read dequantized, in fp32 (``k_scale`` / ``v_scale``).
     """
 
     accepts_written_cache = True
@@ -42,7 +43,7 @@ class NativeAttentionBackend(AttentionBackend):
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if not cache_written:
-            self.write_cache(k, v, kv_cache, meta.slot_mapping)
+            self.write_cache(k, v, kv_cache, meta.slot_mapping, self.k_scale, self.v_scale)
 
         if meta.is_decode_only:
             out = self._decode(
@@ -73,14 +74,15 @@ class NativeAttentionBackend(AttentionBackend):
 
     @staticmethod
     def write_cache(
-        k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+        k_scale: float = 1.0, v_scale: float = 1.0,
     ) -> None:
-        """Store the new tokens' K/V at their slots, in place (the cache is never reallocated)."""
-        write_kv_cache(k, v, kv_cache, slot_mapping)
+        """Store the new tokens' K/V at their slots, in place (the cache is never reallocated);
+        an fp8 cache gets them divided by the scales."""
+        write_kv_cache(k, v, kv_cache, slot_mapping, k_scale, v_scale)
 
-    @staticmethod
     def _gather(
-        kv_cache: torch.Tensor, block_table: torch.Tensor, length: int
+        self, kv_cache: torch.Tensor, block_table: torch.Tensor, length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the first ``length`` context tokens, [..., length, kv_heads, head_dim]."""
         block_size = kv_cache.shape[2]
@@ -91,8 +93,8 @@ class NativeAttentionBackend(AttentionBackend):
         # index_select copies whole blocks at memcpy speed (advanced indexing is ~3x slower).
         k = kv_cache[0].index_select(0, blocks.flatten()).view(shape)
         v = kv_cache[1].index_select(0, blocks.flatten()).view(shape)
-        if kv_cache.dtype == FP8_KV_DTYPE:  # read as fp32: scale one, masked in place later
-            k, v = k.float(), v.float()
+        # An fp8 cache's copy in fp32, times the scales (masked in place later).
+        k, v = dequantize(k, self.k_scale), dequantize(v, self.v_scale)
         return k[..., :length, :, :], v[..., :length, :, :]
 
     def _decode(
