@@ -114,6 +114,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_w8a8_norm_and_quantization_fused_keep_the_logits(kind, monkeypatch):
     """The fused decoder's norm and first projection (rms_norm_linear) quantize the norm's

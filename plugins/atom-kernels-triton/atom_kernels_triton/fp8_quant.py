@@ -47,7 +47,21 @@ def round_to_e4m3(v):
 
 
 @triton.jit
-def _quantize(x, scale):
+def row_scale(amax, RECIPROCAL: tl.constexpr):
+    """A row's scale from its largest magnitude, as ``quantize_rows`` computes it: amax / 448
+    (``RECIPROCAL``: as torch's CUDA kernel divides a tensor by a number), at least
+    MIN_SCALE."""
+    if RECIPROCAL:
+        scale = amax * _INV_FP8_MAX
+    else:
+        scale = tl.math.div_rn(amax, _FP8_MAX)
+    return tl.maximum(scale, _MIN_SCALE)
+
+
+@triton.jit
+def quantize_e4m3(x, scale):
+    """x / scale (fp32), saturated to +-448 and rounded to e4m3 as ``quantize_rows`` does
+    (signed zeros kept), still in fp32: the conversion to e4m3 that follows is exact."""
     q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
     return round_to_e4m3(q)
 
@@ -72,19 +86,15 @@ def _quantize_rows_kernel(
             xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
             amax_k = tl.maximum(amax_k, tl.abs(xk))
         amax = tl.max(amax_k, axis=0)
-    if RECIPROCAL:  # as torch's CUDA kernel divides a tensor by a number
-        scale = amax * _INV_FP8_MAX
-    else:
-        scale = tl.math.div_rn(amax, _FP8_MAX)
-    scale = tl.maximum(scale, _MIN_SCALE)
+    scale = row_scale(amax, RECIPROCAL)
     tl.store(s_ptr + row, scale)
     if ONE_TILE:
-        tl.store(q_row + ks, _quantize(x, scale).to(q_ptr.dtype.element_ty), mask=ks < K)
+        tl.store(q_row + ks, quantize_e4m3(x, scale).to(q_ptr.dtype.element_ty), mask=ks < K)
     else:
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-            tl.store(q_row + kk, _quantize(xk, scale).to(q_ptr.dtype.element_ty), mask=kk < K)
+            tl.store(q_row + kk, quantize_e4m3(xk, scale).to(q_ptr.dtype.element_ty), mask=kk < K)
 
 
 def quantize_rows(x: torch.Tensor, block_k: int | None = None

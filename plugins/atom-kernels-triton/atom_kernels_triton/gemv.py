@@ -68,7 +68,7 @@ import triton.language as tl
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.quant.fp8 import Fp8Weight, uses_w8a8
-from atom_kernels_triton import fp8_gemm, tuning
+from atom_kernels_triton import fp8_gemm, fp8_norm_quant, tuning
 from atom_kernels_triton.activation import silu_and_mul
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_kernels_triton.gemv_config import (
@@ -526,7 +526,10 @@ def rms_norm_linear(
     """(linear(rms_norm(h), weight, bias), h) for h = x + residual (x where residual is
     None): a pre-norm block's norm and first projection. One kernel for one row where the
     table has a config (the 1/rms factor applied to the product; see the module docstring),
-    else the norm op and ``linear``."""
+    else the norm op and ``linear``; an ``Fp8Weight`` at W8A8 rows takes the rows normed and
+    quantized by one kernel (fp8_norm_quant.py)."""
+    if fp8_norm_quant.takes_linear(x, residual, norm_weight, weight):
+        return fp8_norm_quant.rms_norm_w8a8_linear(x, residual, norm_weight, eps, weight, bias)
     ok = (
         supported(x, weight, bias, fused=True)
         and (isinstance(weight, Fp8Weight) or x.dtype == weight.dtype)

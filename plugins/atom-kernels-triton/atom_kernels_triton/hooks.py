@@ -36,6 +36,7 @@ def triton_ops() -> dict[str, Any]:
     """Op name -> Triton implementation (imports the kernels)."""
     from atom_kernels_triton.activation import silu_and_mul
     from atom_kernels_triton.argmax import argmax
+    from atom_kernels_triton.fp8_norm_quant import rms_norm_quant_fp8
     from atom_kernels_triton.fused_moe import fused_moe
     from atom_kernels_triton.gemv import linear, rms_norm_linear, silu_and_mul_linear
     from atom_kernels_triton.moe_topk import route
@@ -55,6 +56,7 @@ def triton_ops() -> dict[str, Any]:
         "linear": linear,
         "silu_and_mul_linear": silu_and_mul_linear,
         "rms_norm_linear": rms_norm_linear,
+        "rms_norm_quant_fp8": rms_norm_quant_fp8,
         "argmax": argmax,
         "rejection_sample": rejection_sample,
     }
