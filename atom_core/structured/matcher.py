@@ -42,11 +42,12 @@ class GrammarMatcher:
         holds EOS alone, which is sampled whatever the temperature. The sequence so ends
         on EOS as an unconstrained one does (its last token not part of the text), and
         its text holds every token of the match."""
+        complete = self._ll.is_stopped()  # then EOS is the one token left to take
         if not self._ll.consume_token(token):
             logger.error("token %d is outside the request's grammar: %s", token,
                          self._ll.get_error())
             return True
-        return self._ll.stop_reason() == "EndOfSentence"
+        return complete or self._ll.stop_reason() == "EndOfSentence"
 
     @property
     def is_accepting(self) -> bool:
