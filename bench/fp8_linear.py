@@ -18,6 +18,14 @@ their own weight), median replay:
 - ``fp8 w8a8``: the op on an ``Fp8Weight`` with ``w8a8_min_rows`` 1 (per-row quantization
   and ``torch._scaled_mm``), and ``quant``: the quantization kernel alone.
 
+The projections a pre-norm block's norm feeds (qkv, gate_up) also time that norm (with the
+residual add) and the W8A8 product together, on the line under theirs: as two ops
+(``fused_add_rms_norm``, then ``linear``: the norm's rows written in bf16 and quantized by
+a second kernel) and as ``rms_norm_linear`` (the norm and the quantization in one kernel,
+``rms_norm_quant_fp8``, then ``torch._scaled_mm``); and the two kernels before the GEMM
+against the one, with the fused kernel's TB/s (x and the residual read, the sum and the
+e4m3 rows written).
+
 Each in us, with TB/s (weight + x + output bytes: the weight's own size, bf16 activations)
 and TFLOP/s (2 M N K). The summary gives, per projection, the smallest row count from which
 W8A8 is at least as fast as weight-only at every larger count measured, and the sum over
@@ -50,17 +58,23 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from atom_kernels_triton import fp8_gemm  # noqa: E402
 from atom_kernels_triton.fp8_gemm import GemmConfig  # noqa: E402
+from atom_kernels_triton.fp8_norm_quant import rms_norm_quant_fp8  # noqa: E402
 from atom_kernels_triton.fp8_quant import quantize_rows  # noqa: E402
-from atom_kernels_triton.gemv import linear  # noqa: E402
+from atom_kernels_triton.gemv import linear, rms_norm_linear  # noqa: E402
 from atom_kernels_triton.gemv_config import MAX_ROWS, GemvConfig, fp8_config  # noqa: E402
+from atom_kernels_triton.norm import fused_add_rms_norm  # noqa: E402
 from common import graph_us, load_config, write_json  # noqa: E402
 
+from atom_core.ops.native.linear import rms_norm_linear as native_rms_norm_linear  # noqa: E402
+from atom_core.ops.native.norm import rms_norm_quant_fp8 as native_rms_norm_quant_fp8  # noqa: E402
 from atom_core.quant.fp8 import Fp8Weight, fp8_linear, quantize_weight  # noqa: E402
 
 ROWS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096]
 NEVER = 1 << 62  # a w8a8_min_rows no batch reaches
 TOLERANCE = 1.6e-2  # bf16 output against the fp32 reference
 PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8")
+NORM_FED = ("qkv_proj", "gate_up")  # their input is a pre-norm block's norm
+EPS = 1e-6
 
 
 def projections(cfg: dict[str, Any]) -> list[tuple[str, int, int]]:
@@ -145,11 +159,53 @@ def bench_projection(
         if sweep:
             r["sweep"] = sweep_point(x, wonly, ref, calls, copies)
         print(row_line(r), flush=True)
+        if proj in NORM_FED:
+            r.update(bench_norm_fed(x, w8a8, calls, copies))
+            print(norm_line(r), flush=True)
         results.append(r)
     bf16.clear()
     fp8.clear()
     torch.cuda.empty_cache()
     return results
+
+
+def bench_norm_fed(x: torch.Tensor, weights: list[Fp8Weight], calls: int, copies: int
+                   ) -> dict[str, Any]:
+    """The residual add + RMSNorm before a W8A8 product: two ops against ``rms_norm_linear``
+    (one norm-and-quantize kernel), with and without the product."""
+    m, k = x.shape
+    res = torch.randn_like(x)
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).to(x.dtype)
+
+    def two_ops(w: Fp8Weight) -> torch.Tensor:
+        return linear(fused_add_rms_norm(x, res, nw, EPS)[0], w)
+
+    def fused(w: Fp8Weight) -> torch.Tensor:
+        return rms_norm_linear(x, res, nw, EPS, w)[0]
+
+    def timed(fn: Callable[[Fp8Weight], Any]) -> float:
+        return graph_us([lambda w=weights[i % copies]: fn(w) for i in range(calls)])
+
+    r: dict[str, Any] = {
+        "norm_w8a8_us": timed(two_ops),
+        "fused_norm_w8a8_us": timed(fused),
+        "norm_quant_us": graph_us(
+            [lambda: quantize_rows(fused_add_rms_norm(x, res, nw, EPS)[0])] * calls),
+        "fused_norm_quant_us": graph_us([lambda: rms_norm_quant_fp8(x, res, nw, EPS)] * calls),
+        # x and the residual read, the sum (bf16) and the e4m3 rows written
+        "fused_norm_quant_bytes": 7 * m * k,
+    }
+    ref = native_rms_norm_linear(x, res, nw, EPS, weights[0])[0]
+    r["fused_norm_w8a8_err"] = rel_err(fused(weights[0]), ref)
+    return r
+
+
+def norm_line(r: dict[str, Any]) -> str:
+    tbs = r["fused_norm_quant_bytes"] / r["fused_norm_quant_us"] / 1e6
+    return (f"  + add+norm: two ops {r['norm_w8a8_us']:.2f} us, fused "
+            f"{r['fused_norm_w8a8_us']:.2f} us; before the GEMM: norm + quant "
+            f"{r['norm_quant_us']:.2f} us, norm-quant {r['fused_norm_quant_us']:.2f} us "
+            f"({tbs:.2f} TB/s); err {r['fused_norm_w8a8_err']:.1e}")
 
 
 def sweep_point(x: torch.Tensor, weights: list[Fp8Weight], ref: torch.Tensor, calls: int,
@@ -223,6 +279,13 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
         lines.append(f"M={m:5d}: four projections " + "  ".join(
             f"{p} {tot[p]:8.1f} us" for p in PATHS))
     lines.append(f"all four: W8A8 >= weight-only from M = {crossover_total(results)}")
+    for m in sorted({r["M"] for r in results}):
+        rs = [r for r in results if r["M"] == m and "fused_norm_w8a8_us" in r]
+        if rs:
+            two = sum(r["norm_w8a8_us"] for r in rs)
+            one = sum(r["fused_norm_w8a8_us"] for r in rs)
+            lines.append(f"M={m:5d}: add+norm+W8A8 ({', '.join(r['proj'] for r in rs)}): "
+                         f"two ops {two:8.1f} us, fused {one:8.1f} us")
     return lines
 
 
@@ -247,6 +310,13 @@ def dry_run(model: str, rows: list[int]) -> None:
             print(f"  {proj} [{n} x {k}] M={m}: weight-only rel err {err:.2e}")
         q, s = quantize_rows(x)
         print(f"  {proj}: quantize_rows {tuple(q.shape)}, scales {tuple(s.shape)}")
+        if proj in NORM_FED:
+            res, nw = torch.randn_like(x), torch.ones(k, dtype=x.dtype)
+            q, s, _ = rms_norm_quant_fp8(x, res, nw, EPS)
+            ref_q, ref_s, _ = native_rms_norm_quant_fp8(x, res, nw, EPS)
+            same = (q.view(torch.uint8) == ref_q.view(torch.uint8)).float().mean().item()
+            print(f"  {proj}: rms_norm_quant_fp8 scales rel err {rel_err(s, ref_s):.1e}, "
+                  f"{same:.1%} of e4m3 values equal to the reference's")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
