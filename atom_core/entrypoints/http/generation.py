@@ -1,5 +1,6 @@
-"""What every generation endpoint shares: the model-name check, ``stream_deltas`` (a
-response's engine requests fanned in, and aborted together when the response is dropped),
+"""What every generation endpoint shares: the model-name check, the check of an output
+constraint against the engine (``check_constraint``), ``stream_deltas`` (a response's
+engine requests fanned in, and aborted together when the response is dropped),
 ``ChoiceTally`` (one choice's output and timings), ``usage_of``, ``TokenTexts`` and the SSE
 error frame. A request's own check (prompt and sampling parameters) is the engine's
 ``check_request``, which each handler runs once per prompt before any engine request.
@@ -21,7 +22,7 @@ from atom_core.entrypoints.http.engine_api import EngineClientAPI
 from atom_core.entrypoints.http.errors import exception_body
 from atom_core.entrypoints.http.openai.protocol import UsageInfo
 from atom_core.entrypoints.http.sse import data_frame
-from atom_core.errors import AtomError, ModelNotFoundError
+from atom_core.errors import AtomError, InvalidRequestError, ModelNotFoundError
 from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,20 @@ def check_model(requested: str | None, names: Collection[str]) -> None:
         err = ModelNotFoundError(f"The model `{requested}` does not exist.")
         err.param = "model"  # type: ignore[attr-defined]  # errors.py reads it
         raise err
+
+
+def check_constraint(engine: EngineClientAPI, params: SamplingParams) -> None:
+    """A 400 for an output constraint this engine cannot honour: speculative decoding
+    verifies drafts without the grammar's mask. Checked here, before a stream's headers
+    go out; the engine refuses it too (LLMEngine._grammar)."""
+    spec = params.structured
+    config = getattr(engine, "config", None)
+    method = config.speculative_config.method if config is not None else None
+    if spec is not None and method is not None:
+        raise InvalidRequestError(
+            f"{spec.param}: structured outputs are not supported with speculative decoding "
+            f"(this server runs --method {method}); send the request without it or serve "
+            "without speculative decoding", param=spec.param)
 
 
 def choice_params(params: SamplingParams, j: int) -> SamplingParams:

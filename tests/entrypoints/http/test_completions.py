@@ -138,7 +138,6 @@ BAD_COMPLETIONS = [
     ({"prompt": "hi", "n": 2, "best_of": 3}, "best_of"),
     ({"prompt": "hi", "suffix": " the end"}, "suffix"),
     ({"prompt": "hi", "logit_bias": {"7": 5}}, "logit_bias"),
-    ({"prompt": "hi", "guided_regex": "[0-9]+"}, "guided_regex"),
 ]
 
 

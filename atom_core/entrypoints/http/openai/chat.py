@@ -31,6 +31,7 @@ from atom_core.entrypoints.http.generation import (
     ChoiceTally,
     EngineJob,
     TokenTexts,
+    check_constraint,
     check_model,
     choice_params,
     error_frame,
@@ -296,6 +297,7 @@ class OpenAIServingChat:
                                      request.model_fields_set)
         check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
                       param="messages")
+        check_constraint(self.engine, params)
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
                                      show_reasoning=show_reasoning,
                                      parallel_tool_calls=request.parallel_tool_calls)

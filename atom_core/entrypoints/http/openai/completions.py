@@ -23,6 +23,7 @@ from atom_core.entrypoints.http.generation import (
     ChoiceTally,
     EngineJob,
     TokenTexts,
+    check_constraint,
     check_model,
     choice_params,
     error_frame,
@@ -96,6 +97,7 @@ class OpenAIServingCompletion:
         # max_tokens null: as many as fit, which the engine's context cap enforces.
         params = self.defaults.apply(request.to_sampling_params(self.engine.max_model_len),
                                      request.model_fields_set)
+        check_constraint(self.engine, params)
         prompts = await off_loop(self._prompts, request, params)
         rid, n = random_id("cmpl"), request.n
         jobs = []

@@ -8,8 +8,9 @@ assistant turn that calls tools), a past tool call's id, type, name and JSON-tex
 arguments. The ranges SamplingParams holds are stated as field bounds, so that the OpenAPI
 document shows them. Requests tolerate fields this server does not know - OpenAI clients
 add new ones every release - and ignore them (kept in ``model_extra``, unread), except
-the known ones that would constrain what is generated, which are refused
-(``UNSUPPORTED``).
+the known ones that would constrain what is generated: the output constraints
+(response_format, guided_*) become the request's StructuredSpec (fields.structured_spec),
+the others are refused (``UNSUPPORTED``).
 An explicit ``null`` means "not given" and takes the default, except ``max_tokens``,
 where it means "as many as fit in the context" (what vLLM does with it).
 
@@ -42,6 +43,7 @@ from atom_core.entrypoints.http.fields import (
     check_unicode,
     field_error,
     json_schema_problem,
+    structured_spec,
 )
 from atom_core.errors import InvalidRequestError
 from atom_core.sampling_params import SamplingParams
@@ -201,28 +203,17 @@ def _always(value: Any) -> bool:
     return True
 
 
-def _asks_for_json(value: Any) -> bool:
-    return not (isinstance(value, dict) and value.get("type") == "text")
-
-
 def _asks_for_more_than_text(value: Any) -> bool:
     return not (isinstance(value, list) and set(value) <= {"text"})
 
 
 # Fields that constrain or bias what is generated, which this server does not implement:
 # OpenAI's and vLLM's spellings. Ignored like other unknown fields, each would return
-# output the client did not ask for (text where it asked for JSON, tokens it banned), so a
-# value that asks for something is a 400 naming the field. Each entry's function says
-# whether a value asks for anything: an empty logit_bias or response_format {"type": "text"}
-# does not.
+# output the client did not ask for (tokens it banned), so a value that asks for something
+# is a 400 naming the field. Each entry's function says whether a value asks for anything:
+# an empty logit_bias does not.
 UNSUPPORTED: dict[str, Any] = {
     "logit_bias": bool,
-    "response_format": _asks_for_json,
-    "guided_json": _always,
-    "guided_regex": _always,
-    "guided_choice": _always,
-    "guided_grammar": _always,
-    "structured_outputs": _always,
     "logits_processors": bool,
     "min_tokens": bool,  # vLLM's: no EOS or stop before that many tokens
     # Output in other modalities (OpenAI's audio replies).
@@ -296,6 +287,7 @@ class _SamplingRequest(OpenAIRequest):
     def _params(self, max_tokens: int, **kw: Any) -> SamplingParams:
         self._refuse_unsupported()
         return SamplingParams(
+            structured=structured_spec(self.model_extra or {}),
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
