@@ -4,9 +4,9 @@
 A pre-norm block's first projection (qkv, gate_up) on an ``Fp8Weight`` takes, from its
 ``w8a8_min_rows`` on, its input rows quantized per row. As two ops, the norm writes its rows
 in the model dtype and the quantization kernel (fp8_quant.py) reads them back; here the
-program that norms a row quantizes it from the fp32 values it holds and writes e4m3 bytes
-and the row's scale: one kernel, one read of the rows and a write of half their bytes
-fewer, and one rounding fewer (the normalised values never stop in bf16).
+program that norms a row quantizes the fp32 values it holds: one launch fewer, 4 bytes a
+value less traffic (the bf16 write and read), and one rounding fewer (the normalised values
+never stop in bf16).
 
 The arithmetic is ``atom_core.ops.native.norm.rms_norm_quant_fp8``'s: h = x + residual
 rounded to x's dtype (written: the residual stream's next value), n = h * rsqrt(mean(h^2)
