@@ -48,12 +48,16 @@ def socket_inodes(pid: int) -> set[str]:
 
 
 class ServerProcess:
-    """``stop()`` ends the whole group (frontend and engine process)."""
+    """``stop()`` ends the whole group (frontend and engine process). ``access_log``: a
+    log line per HTTP request (off: the tests' servers answer thousands)."""
 
-    def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None) -> None:
+    def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None,
+                 access_log: bool = False) -> None:
         self.port = free_port()
         args = [sys.executable, "-m", "atom_core.entrypoints.server_runtime", "--host", "127.0.0.1",
-                "--server-port", str(self.port), "--disable-uvicorn-access-log", *extra]
+                "--server-port", str(self.port), *extra]
+        if not access_log:
+            args.append("--disable-uvicorn-access-log")
         if model is not None:
             args += ["--model", str(model)]
         self.log_path = log
