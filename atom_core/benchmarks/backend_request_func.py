@@ -61,13 +61,15 @@ RequestFunc = Callable[..., Awaitable[RequestFuncOutput]]
 _session: aiohttp.ClientSession | None = None
 
 
-def make_session(limit: int = 0) -> aiohttp.ClientSession:
+def make_session(limit: int = 0, headers: dict[str, str] | None = None) -> aiohttp.ClientSession:
     """One pooled session for the whole run: a session per request (as older clients do)
     costs a connector and a DNS lookup each, and caps what one process can drive.
-    ``limit=0`` leaves the number of connections to --max-concurrency."""
+    ``limit=0`` leaves the number of connections to --max-concurrency; ``headers`` go
+    with every request (the API key)."""
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=300,
                                      keepalive_timeout=60)
-    return aiohttp.ClientSession(connector=connector, timeout=AIOHTTP_TIMEOUT, trust_env=True)
+    return aiohttp.ClientSession(connector=connector, timeout=AIOHTTP_TIMEOUT, trust_env=True,
+                                 headers=headers)
 
 
 def set_session(session: aiohttp.ClientSession | None) -> None:

@@ -9,9 +9,14 @@ Adapted from vLLM's benchmark_serving: same flags, same timing, same printed blo
 "Concurrency:" and "ITL/TPOT (merge factor):". One process drives thousands of concurrent
 streams: one pooled aiohttp session, no per-request connector.
 
+The tokenizer, the API key and what is asked of the server are as ``cli_args.DESCRIPTION``
+(the --help text) says: without --tokenizer, an ATOM server's own tokenizer
+(tokenizer.ServerTokenizer, found by server_info).
+
 Every argument is checked before the run starts (values, files, the server answering
-on its port); what is wrong is a ConfigError, which ``atom`` prints as one line. A run
-in which every request failed (a wrong --endpoint or --served-model-name) prints its
+on its port); what is wrong is a ConfigError, which ``atom`` prints as one line. Failed
+requests are counted in the block, and their first distinct errors printed after it. A
+run in which every request failed (a wrong --endpoint or --served-model-name) prints its
 block, then fails the same way.
 """
 
@@ -27,6 +32,7 @@ import resource
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -46,7 +52,7 @@ from atom_core.benchmarks.backend_request_func import (
     post_control,
     set_session,
 )
-from atom_core.benchmarks.cli_args import add_cli_args
+from atom_core.benchmarks.cli_args import DESCRIPTION, add_cli_args
 from atom_core.benchmarks.datasets import SampleRequest, get_samples
 from atom_core.benchmarks.metrics import (
     calculate_metrics,
@@ -54,11 +60,19 @@ from atom_core.benchmarks.metrics import (
     parse_goodput,
     result_dict,
 )
-from atom_core.benchmarks.tokenizer import get_tokenizer
+from atom_core.benchmarks.server_info import (
+    OPENAI_BACKENDS,
+    JsonClient,
+    ServedModel,
+    auth_headers,
+    served_model,
+)
+from atom_core.benchmarks.tokenizer import ServerTokenizer, get_tokenizer
 from atom_core.errors import AtomError, ConfigError
 
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "tgi": "/generate_stream",
                      "tensorrt-llm": "/generate_stream"}
+SHOWN_ERRORS = 5  # distinct errors of failed requests printed after the block
 
 
 def raise_fd_limit() -> None:
@@ -75,8 +89,8 @@ def raise_fd_limit() -> None:
 
 
 async def spec_decode_stats(base_url: str) -> tuple[float | None, float | None]:
-    """(accept length, acceptance rate) from GET /debug/mtp_stats; (None, None) when the
-    server has no such endpoint or speculative decoding is off."""
+    """(accept length, acceptance rate) from GET /debug/mtp_stats; (None, None) when
+    speculative decoding is off (or the server does not answer)."""
     stats = await get_json(f"{base_url}/debug/mtp_stats")
     if not isinstance(stats, dict) or not stats.get("enabled", True):
         return None, None
@@ -117,9 +131,11 @@ async def benchmark(
     selected_percentiles: list[float] | None = None,
     goodput: dict[str, float] | None = None,
     tokenizer: Any = None,
+    probe_spec_decode: bool = False,
 ) -> dict[str, Any]:
-    """Send ``requests`` at the given arrival process; print the result block; return it as a
-    dict."""
+    """Send ``requests`` at the given arrival process; print the result block and the
+    failed requests' first errors; return it as a dict. ``probe_spec_decode``: read
+    /debug/mtp_stats after the run (only a server known to have it is asked)."""
     if backend not in ASYNC_REQUEST_FUNCS:
         raise ValueError(f"unknown backend {backend!r}")
     request_func = ASYNC_REQUEST_FUNCS[backend]
@@ -128,7 +144,7 @@ async def benchmark(
     inputs = [_request_input(s, backend, api_url, model_id, model_name, logprobs, best_of,
                              ignore_eos)
               for s in requests]
-    session = make_session(limit=max_concurrency or 0)
+    session = make_session(limit=max_concurrency or 0, headers=auth_headers())
     set_session(session)
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
@@ -168,7 +184,8 @@ async def benchmark(
             print("Stopping profiler...")
             ok, msg = await post_control(f"{base_url}/stop_profile")
             print("Profiler stopped" if ok else f"Profiler failed to stop: {msg}")
-        accept_length, acceptance_rate = await spec_decode_stats(base_url)
+        accept_length, acceptance_rate = (
+            await spec_decode_stats(base_url) if probe_spec_decode else (None, None))
     finally:
         set_session(None)
         await session.close()
@@ -179,7 +196,7 @@ async def benchmark(
     metrics, records = calculate_metrics(outputs, duration, percentiles, goodput,
                                          count_tokens if tokenizer is not None else None)
     block = format_result(metrics, selected_metrics, goodput, accept_length, acceptance_rate)
-    print("\n".join(block))
+    print("\n".join(block + error_summary([o.error for o in outputs if not o.success])))
     result = result_dict(metrics, records, selected_metrics, goodput)
     sent = [o.start_time - start for o in outputs]
     result.update(
@@ -228,8 +245,15 @@ def refused_as(what: str | None = None) -> Iterator[None]:
         raise ConfigError(f"{what}: {exc}" if what else str(exc)) from exc
 
 
-def load_tokenizer(args: argparse.Namespace) -> Any:
-    """The tokenizer of --tokenizer, else of --model, from local files."""
+def load_tokenizer(
+    args: argparse.Namespace, served: ServedModel | None = None, client: JsonClient | None = None
+) -> tuple[Any, str]:
+    """The tokenizer and the name the results give it: --tokenizer's local files; else the
+    server's own, when it is ATOM's (``served``: its /v1/models card, ``client``: a
+    connection to it); else --model's local files."""
+    if not args.tokenizer and served is not None and served.tokenizer is not None:
+        assert client is not None
+        return ServerTokenizer(client, served.tokenizer), f"{client.base_url}/tokenize"
     name = args.tokenizer or args.model
     flag = "--tokenizer" if args.tokenizer else "--model"
     path = os.path.expanduser(name)
@@ -237,7 +261,7 @@ def load_tokenizer(args: argparse.Namespace) -> Any:
         raise ConfigError(f"{flag} {name}: no such file or directory "
                           "(the tokenizer is read from local files)")
     with refused_as(f"cannot load the tokenizer of {flag} {name}"):
-        return get_tokenizer(name, trust_remote_code=args.trust_remote_code)
+        return get_tokenizer(name, trust_remote_code=args.trust_remote_code), name
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -299,6 +323,19 @@ def _first_line(error: str) -> str:
     return lines[-1][:300] if lines else "no error recorded"
 
 
+def error_summary(errors: list[str], shown: int = SHOWN_ERRORS) -> list[str]:
+    """The failed requests' errors as lines to print after the block: the first ``shown``
+    distinct ones (each as one line), in the order they first occurred, with how many
+    requests failed with each. Nothing when no request failed."""
+    if not errors:
+        return []
+    counts = Counter(map(_first_line, errors))  # insertion order: first occurrence
+    first = f"the first {shown} shown" if len(counts) > shown else "all shown"
+    lines = [f"Failed requests: {len(errors)} ({len(counts)} distinct errors, {first})"]
+    lines += [f"{n:>6} x {message}" for message, n in list(counts.items())[:shown]]
+    return lines
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``atom bench serve`` does: check, sample, run, print, and save if asked."""
     check_args(args)
@@ -310,30 +347,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     check_reachable(base_url, "--base-url" if args.base_url else "--host/--port")
     api_url = f"{base_url}{endpoint}"
-    tokenizer_id = args.tokenizer or args.model
-    tokenizer = load_tokenizer(args)
+    client = JsonClient(base_url, auth_headers())
     try:
-        requests = get_samples(args, tokenizer)
-    except AtomError:
-        raise
-    except Exception as exc:  # what reading the user's dataset raises is about that dataset
-        source = f" (--dataset-path {args.dataset_path})" if args.dataset_path else ""
-        raise ConfigError(
-            f"--dataset-name {args.dataset_name}{source}: {type(exc).__name__}: {exc}") from exc
-    raise_fd_limit()
+        served = None
+        if args.backend in OPENAI_BACKENDS:
+            served = served_model(client, args.served_model_name or args.model)
+        tokenizer, tokenizer_id = load_tokenizer(args, served, client)
+        try:
+            requests = get_samples(args, tokenizer)
+        except AtomError:
+            raise
+        except Exception as exc:  # what reading the user's dataset raises is about it
+            source = f" (--dataset-path {args.dataset_path})" if args.dataset_path else ""
+            raise ConfigError(f"--dataset-name {args.dataset_name}{source}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        raise_fd_limit()
 
-    gc.collect()
-    gc.freeze()  # the prompts are static: keep the collector from re-scanning them mid-run
-    result = asyncio.run(benchmark(
-        backend=args.backend, api_url=api_url, base_url=base_url, model_id=args.model,
-        model_name=args.served_model_name, requests=requests, request_rate=args.request_rate,
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency, seed=args.seed,
-        logprobs=args.logprobs, best_of=args.best_of, ignore_eos=args.ignore_eos,
-        num_warmups=args.num_warmups, profile=args.profile, disable_tqdm=args.disable_tqdm,
-        selected_percentile_metrics=metrics, selected_percentiles=percentiles, goodput=goodput,
-        tokenizer=tokenizer,
-    ))
-    gc.unfreeze()
+        gc.collect()
+        gc.freeze()  # the prompts are static: keep the collector from re-scanning them mid-run
+        result = asyncio.run(benchmark(
+            backend=args.backend, api_url=api_url, base_url=base_url, model_id=args.model,
+            model_name=args.served_model_name, requests=requests,
+            request_rate=args.request_rate, burstiness=args.burstiness,
+            max_concurrency=args.max_concurrency, seed=args.seed, logprobs=args.logprobs,
+            best_of=args.best_of, ignore_eos=args.ignore_eos, num_warmups=args.num_warmups,
+            profile=args.profile, disable_tqdm=args.disable_tqdm,
+            selected_percentile_metrics=metrics, selected_percentiles=percentiles,
+            goodput=goodput, tokenizer=tokenizer,
+            probe_spec_decode=served is not None and served.atom,
+        ))
+        gc.unfreeze()
+    finally:
+        client.close()
     if args.save_result:
         save_result(args, result, tokenizer_id)
     if result["completed"] == 0:
@@ -372,7 +417,7 @@ def save_result(args: argparse.Namespace, result: dict[str, Any], tokenizer_id: 
 def main(argv: list[str] | None = None) -> int:
     from atom_core.entrypoints.cli import AtomArgumentParser
 
-    parser = AtomArgumentParser(prog="atom bench serve", description=__doc__,
+    parser = AtomArgumentParser(prog="atom bench serve", description=DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     args = add_cli_args(parser).parse_args(argv)
     try:

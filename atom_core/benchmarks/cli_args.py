@@ -11,6 +11,22 @@ BACKENDS = ("tgi", "vllm", "lmdeploy", "deepspeed-mii", "openai", "openai-chat",
             "scalellm", "sglang")
 DATASETS = ("sharegpt", "burstgpt", "sonnet", "random", "hf")
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
+DESCRIPTION = """\
+Benchmark a running server's online serving: vLLM's benchmark_serving flags, timing and
+printed block. Failed requests are counted in the block and their first distinct errors
+printed after it.
+
+    atom bench serve --model NAME --base-url http://localhost:8000 \\
+        --dataset-name random --random-input-len 1024 --random-output-len 128
+
+The tokenizer that builds and counts the prompts: --tokenizer's local files when given.
+Without it, against atom serve (its GET /v1/models card says so), the server's own,
+through POST /tokenize and /detokenize: the ids the server counts, its --chat-template
+included, from any machine and with nothing to load. Against other servers, --model's
+local files. Only atom serve is asked for /debug/mtp_stats (speculative decoding's
+acceptance), so no other server logs a 404 for it. Set OPENAI_API_KEY for a server started
+with --api-key.
+"""
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -18,7 +34,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--backend", default="vllm", choices=BACKENDS,
                    help="request protocol (default: vllm)")
     g.add_argument("--model", required=True,
-                   help="model name or path (sent as 'model'; tokenizer default)")
+                   help="model name or path (sent as 'model'; where the tokenizer is read from "
+                        "when neither --tokenizer nor the server gives one)")
     g.add_argument("--served-model-name", default=None,
                    help="the 'model' field to send, if not --model")
     g.add_argument("--base-url", default=None,
@@ -29,7 +46,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="API path (default: /v1/completions; /v1/chat/completions for openai-chat; "
                         "/generate_stream for tgi and tensorrt-llm)")
     g.add_argument("--tokenizer", default=None,
-                   help="tokenizer path (default: --model); a .gguf file works")
+                   help="tokenizer path; a .gguf file works (default: against atom serve, the "
+                        "server's own tokenizer through its /tokenize and /detokenize; against "
+                        "other servers, --model's local files)")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="let the tokenizer run its own code")
 

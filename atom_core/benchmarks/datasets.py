@@ -39,7 +39,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 
 def _chat(tokenizer: Any, content: str) -> str:
-    if getattr(tokenizer, "chat_template", None) is None:
+    if not getattr(tokenizer, "chat_template", None):  # None, or a server's "none" (False)
         return content
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
