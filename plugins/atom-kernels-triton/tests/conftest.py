@@ -23,5 +23,6 @@ if _HERE not in sys.path:
 
 
 def pytest_configure(config):
-    # The repository's pytest configuration declares it too; a copy of this folder has none.
+    # The repository's pytest configuration declares them too; a copy of this folder has none.
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
