@@ -121,7 +121,12 @@ class ParallelConfig:
         "MoE: split whole experts across the tensor-parallel ranks instead of every "
         "expert's intermediate size",
     )
-    enable_dp_attention: bool = opt(False, ("--enable-dp-attention",), "data-parallel attention")
+    enable_dp_attention: bool = opt(
+        False, ("--enable-dp-attention",),
+        "MoE models with -dp N: each replica keeps its own requests and attention, and the "
+        "MoE experts are split whole across the replicas, which exchange their tokens in "
+        "every MoE layer and step together (CPU, gloo, so far)",
+    )
     nnodes: int = opt(
         1, ("--nnodes",), "machines the tensor-parallel ranks span (tp / nnodes ranks each)"
     )
@@ -360,6 +365,21 @@ class Config:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    def _validate_dp_attention(self) -> None:
+        p = self.parallel_config
+        if p.data_parallel_size < 2:
+            raise ConfigError("--enable-dp-attention needs -dp N > 1: the replicas whose "
+                              "attention is data-parallel")
+        if p.tensor_parallel_size != 1:
+            raise ConfigError("--enable-dp-attention with -tp > 1 is not supported yet: each "
+                              "replica is one rank")
+        if self.speculative_config.method is not None:
+            raise ConfigError("--enable-dp-attention with speculative decoding (--method) is "
+                              "not supported yet")
+        if self.model_config.device not in ("cpu", "auto"):
+            raise ConfigError("--enable-dp-attention runs on CPU (gloo) so far: use --device "
+                              "cpu")
+
     def validate(self) -> None:
         """Refuse what this version does not implement, rather than ignoring it."""
         p, c = self.parallel_config, self.cache_config
@@ -395,7 +415,7 @@ class Config:
             raise ConfigError("--nnodes > 1 needs --master-port (or $MASTER_PORT): where the "
                               "nodes' ranks meet")
         if p.enable_dp_attention:
-            raise ConfigError("--enable-dp-attention is not supported yet")
+            self._validate_dp_attention()
         if self.compilation_config.level != 0:
             raise ConfigError(
                 f"--level {self.compilation_config.level} (torch.compile) is not supported yet; "

@@ -30,15 +30,21 @@ class TensorParallel:
     # than every expert's intermediate size split.
     expert_parallel: bool = False
     control: dist.ProcessGroup | None = None  # gloo: rank 0's orders to the others
+    # DP attention (--enable-dp-attention): the ranks are engine replicas, each with its own
+    # requests and the whole model but for the MoE experts, split across them. Only the MoE
+    # layers use the group (``collectives.gather_rows``); to every other layer this process
+    # is a group of one.
+    dp_attention: bool = False
 
 
 _state = TensorParallel(0, 1, None)
 
 
 def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str = "gloo",
-                         expert_parallel: bool = False) -> None:
+                         expert_parallel: bool = False, dp_attention: bool = False) -> None:
     """Join a tensor-parallel group of ``size`` processes as ``rank`` (``init_method``: a
-    torch.distributed URL, ``tcp://host:port`` or ``file://path``)."""
+    torch.distributed URL, ``tcp://host:port``, ``file://path`` or ``env://``); with
+    ``dp_attention`` the group is DP attention's (experts split, nothing else)."""
     global _state
     if not 0 <= rank < size:
         raise ValueError(f"tensor-parallel rank {rank} is outside a group of {size}")
@@ -47,7 +53,8 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str = 
             dist.init_process_group(backend, init_method=init_method, rank=rank,
                                     world_size=size, timeout=IDLE_TIMEOUT)
         control = dist.new_group(list(range(size)), backend="gloo", timeout=IDLE_TIMEOUT)
-        _state = TensorParallel(rank, size, dist.group.WORLD, expert_parallel, control)
+        _state = TensorParallel(rank, size, dist.group.WORLD, expert_parallel or dp_attention,
+                                control, dp_attention)
     else:
         _state = TensorParallel(0, 1, None)
 
@@ -65,5 +72,8 @@ def tensor_parallel() -> TensorParallel:
 
 
 def tp_rank_and_size() -> tuple[int, int]:
-    """This process's tensor-parallel rank and the group size ((0, 1) without a group)."""
+    """This process's tensor-parallel rank and the group size ((0, 1) without a group, or
+    under DP attention, whose group splits only the MoE experts)."""
+    if _state.dp_attention:
+        return 0, 1
     return _state.rank, _state.size

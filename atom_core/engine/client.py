@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 
 from atom_core.config import Config
+from atom_core.distributed.workers import free_port
 from atom_core.engine.core_link import LinkServer
 from atom_core.engine.core_messages import (
     AbortRequests,
@@ -122,10 +123,9 @@ class EngineClient:
         self._call_ids = itertools.count(1)
         self._readers: list[asyncio.Task] = []
         self.replicas: list[_Replica] = []
-        par = config.parallel_config
         try:
-            for i in range(par.data_parallel_size):
-                self.replicas.append(self._start_replica(i, self._replica_config(config, i)))
+            for i, replica in enumerate(self.replica_configs(config)):
+                self.replicas.append(self._start_replica(i, replica))
         except BaseException:
             self.abandon()
             raise
@@ -142,14 +142,19 @@ class EngineClient:
     # --- life cycle ----------------------------------------------------------------------
 
     @staticmethod
-    def _replica_config(config: Config, index: int) -> Config:
-        """Replica ``index``'s engine config: one replica (data parallelism stops here) that
-        knows its index when there are several (its ranks' traces go under
-        ``dp{index}_tp{t}/``)."""
+    def replica_configs(config: Config) -> list[Config]:
+        """Each replica's engine config. With several, each knows its index (its ranks'
+        traces go under ``dp{index}_tp{t}/``), and under DP attention the port on which
+        they all meet."""
         par = config.parallel_config
-        rank = index if par.data_parallel_size > 1 else None
-        return replace(config, parallel_config=replace(
-            par, data_parallel_size=1, data_parallel_rank=rank))
+        if par.data_parallel_size == 1:
+            return [config]
+        port = par.master_port
+        if par.enable_dp_attention and port is None:
+            port = free_port()
+        return [replace(config, parallel_config=replace(par, data_parallel_rank=i,
+                                                        master_port=port))
+                for i in range(par.data_parallel_size)]
 
     @staticmethod
     def _start_replica(index: int, config: Config) -> _Replica:

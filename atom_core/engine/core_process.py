@@ -42,6 +42,9 @@ from atom_core.errors import AtomError, EngineDeadError
 logger = logging.getLogger("atom.engine_core")
 
 IDLE_POLL_MS = 100
+# DP attention: how long an idle replica waits for requests before it agrees with the others
+# again, the most a request arriving at an idle group waits for its first step.
+LOCKSTEP_IDLE_POLL_MS = 5
 WORKER_WATCH_S = 0.2  # how often the tensor-parallel workers are checked (_watch_workers)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -98,7 +101,15 @@ class EngineCore:
         return ControlReply(msg.call_id, True)
 
     def step(self) -> None:
-        if not self.engine.is_finished():
+        lockstep = self.engine.lockstep
+        if lockstep is not None:  # DP attention: step with the other replicas, or stop
+            busy = not self.engine.is_finished()
+            if lockstep.step(stop=not self.running):
+                self.running = False
+                return
+            if busy:
+                self.engine.profiler.step()
+        elif not self.engine.is_finished():
             self.engine.step()
             self.engine.profiler.step()
         for call_id, write in [r for r in self.trace_replies if r[1].done()]:
@@ -200,7 +211,11 @@ def run_engine_core(
                 logger.info("frontend is gone; engine exiting")
                 break
             idle = engine.is_finished() and not core.pending and not core.dirty
-            if pull.poll(IDLE_POLL_MS if idle else 0):
+            wait_ms = IDLE_POLL_MS
+            if engine.lockstep is not None:  # a replica with work waits for this one's agreement
+                idle = idle and not engine.lockstep.any_busy
+                wait_ms = LOCKSTEP_IDLE_POLL_MS
+            if pull.poll(wait_ms if idle else 0):
                 while True:
                     try:
                         raw = pull.recv(zmq.NOBLOCK)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from atom_core.config import Config
+from atom_core.distributed.dp_attention import Lockstep, check_has_moe, join_dp_attention
 from atom_core.distributed.launch import launched_rank, node_ranks, rendezvous
 from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
 from atom_core.distributed.workers import RankWorkers, stop_workers
@@ -31,6 +32,8 @@ from atom_core.loader import load_model
 from atom_core.loader.hub import resolve_model
 from atom_core.sampling_params import SamplingParams
 from atom_core.spec_decode.proposer import ProposerContext
+from atom_core.structured.compiler import GrammarCompiler
+from atom_core.structured.matcher import GrammarMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +118,8 @@ class LLMEngine:
             config = Config.from_kwargs(model=model, **kwargs)
         elif model is not None or kwargs:
             raise ConfigError("pass either config= or model/keyword options, not both")
-        if config.parallel_config.data_parallel_size != 1:
+        par = config.parallel_config
+        if par.data_parallel_size != 1 and par.data_parallel_rank is None:
             raise ConfigError("--data-parallel-size > 1 is served by `atom serve` (one engine "
                               "replica per rank behind its frontend); an LLMEngine is one "
                               "replica: use -dp 1")
@@ -128,8 +132,14 @@ class LLMEngine:
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
         self.workers = self._start_workers()
+        self.lockstep: Lockstep | None = None  # DP attention's agreement with the replicas
         try:
+            if par.enable_dp_attention:
+                join_dp_attention(par)
             self._build(config, sc, detokenize)
+            if par.enable_dp_attention:
+                check_has_moe(self.runner.model)
+                self.lockstep = Lockstep(self)
         except BaseException:
             self.shutdown()
             raise
@@ -170,6 +180,8 @@ class LLMEngine:
         if self.workers is not None:
             self._finalizer()
             self.workers = None
+        if self.config.parallel_config.enable_dp_attention:
+            destroy_tensor_parallel()
 
     def _build(self, config: Config, sc: Any, detokenize: bool) -> None:
         loaded = load_model(config, self.device, self.dtype)
@@ -187,6 +199,8 @@ class LLMEngine:
             )
         self.max_model_len = sc.max_model_len
         self.eos_token_ids = self._eos_ids(loaded.generation_defaults)
+        self.grammars = GrammarCompiler(loaded.tokenizer, self.hf_config.vocab_size,
+                                        self.eos_token_ids)
         self.speculator: Speculator | None = None
         if config.speculative_config.method is not None:
             ctx = ProposerContext(config, loaded.model, self.hf_config, self.device, self.dtype)
@@ -313,9 +327,24 @@ class LLMEngine:
         if request_id in self._requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight")
         seq = Sequence(token_ids, params, request_id=request_id)
+        if params.structured is not None:
+            seq.grammar = self._grammar(params)
         text = RequestText(self.tokenizer, token_ids, params) if self.detokenize else None
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, text, stream_callback)
+
+    def _grammar(self, params: SamplingParams) -> GrammarMatcher:
+        """The request's matcher, compiled here (cached per spec) so that a grammar the
+        tokenizer cannot serve is refused at admission, never mid-step."""
+        spec = params.structured
+        assert spec is not None
+        if self.speculator is not None:
+            raise InvalidRequestError(
+                f"{spec.param}: structured outputs are not supported with speculative "
+                "decoding (this engine runs --method "
+                f"{self.config.speculative_config.method}); serve without it",
+                param=spec.param)
+        return self.grammars.matcher(spec)
 
     def _new_id(self) -> str:
         self._next_id += 1
@@ -393,8 +422,8 @@ class LLMEngine:
         sampled ids, never read by the host) and then reads and processes step k's tokens,
         so the host's scheduling, input building and bookkeeping overlap the GPU's work and
         the sequences it returns finished in step k. Sequences certain to stop at step k's
-        token sit step k+1 out; a step that needs the host (logprobs, penalties) runs on
-        its own, after step k is read.
+        token sit step k+1 out; a step that needs the host (logprobs, penalties, a grammar's
+        mask, which needs step k's token) runs on its own, after step k is read.
         """
         self.last_step_tokens = (0, 0)
         pending, self._pending = self._pending, None
@@ -460,7 +489,7 @@ class LLMEngine:
     def _may_launch_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether ``batch`` may be queued and its tokens read one step late: nothing in it
         reads the device on the host (prompt logprobs, logprobs, penalties over the token
-        history)."""
+        history) or needs the host's copy of the tokens (a grammar's mask)."""
         return (
             self.config.scheduler_config.async_scheduling
             and self.speculator is None
@@ -490,7 +519,8 @@ class LLMEngine:
     def _host_free_sampling(sp: SamplingParams) -> bool:
         """Sampling that needs no host-side token history or per-step host reads."""
         return (
-            sp.logprobs is None
+            sp.structured is None
+            and sp.logprobs is None
             and sp.repetition_penalty == 1.0
             and sp.presence_penalty == 0.0
             and sp.frequency_penalty == 0.0
@@ -551,13 +581,17 @@ class LLMEngine:
         return finished
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        """Whether ``token`` ends ``seq`` by its id or its count (a stop string is the
-        request's RequestText's to find)."""
+        """Whether ``token`` ends ``seq`` by its id, its grammar or its count (a stop
+        string is the request's RequestText's to find). A grammar that takes the token as
+        its EOS ends it even under ignore_eos: nothing could follow."""
         sp = seq.sampling_params
+        matched = seq.grammar is not None and seq.grammar.accept(token)
         if not sp.ignore_eos and token in self.eos_token_ids:
             return "stop"
         if token in sp.stop_token_ids:
             seq.stop_reason = token
+            return "stop"
+        if matched:
             return "stop"
         if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"

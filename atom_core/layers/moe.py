@@ -22,14 +22,14 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from atom_core.distributed.collectives import all_reduce
+from atom_core.distributed.collectives import all_reduce, gather_rows, sum_own_rows
 from atom_core.distributed.state import tensor_parallel
 from atom_core.errors import ConfigError
 from atom_core.layers.context import get_build_context
 from atom_core.layers.linear import default_weight_loader
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
 from atom_core.ops import resolve_op
-from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
+from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight, quantize_weight
 
 
@@ -130,6 +130,9 @@ class FusedMoE(nn.Module):
         super().__init__()
         tp = tensor_parallel()
         self.tp_size = tp.size  # the ranks whose outputs are summed
+        # DP attention: the ranks hold different tokens; each gathers all of them for its
+        # experts, and takes back the sum of its own rows (``forward``).
+        self.dp_attention = tp.dp_attention
         self.expert_parallel = tp.expert_parallel and tp.size > 1
         # The slice of I this rank holds: all of it under expert parallelism.
         self.tp_rank, self.inter_ranks = (0, 1) if self.expert_parallel else (tp.rank, tp.size)
@@ -157,6 +160,8 @@ class FusedMoE(nn.Module):
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
         self._op = resolve_op("fused_moe", get_build_context().device)
+        if self.dp_attention:
+            self._rms_norm = resolve_op("rms_norm", get_build_context().device)
 
     def weight_loader(
         self,
@@ -240,15 +245,25 @@ class FusedMoE(nn.Module):
         self.fp8 = (fp8[0], fp8[1])
 
     def forward(
-        self, x: torch.Tensor | DeferredNorm, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-        add_norm: AddNorm | None = None,
+        self, x: torch.Tensor | DeferredNorm | None, topk_weights: torch.Tensor | None,
+        topk_ids: torch.Tensor | None, add_norm: AddNorm | None = None,
     ) -> torch.Tensor | DeferredNorm:
         """``topk_weights`` / ``topk_ids`` [T, k]: the routed choices; the op adds the shared
-        experts' slots itself. ``add_norm``: as ``RowParallelLinear.forward``'s."""
+        experts' slots itself. ``add_norm``: as ``RowParallelLinear.forward``'s. All three
+        None: DP attention's idle pass (``idle_moe_pass``)."""
         w13, w2 = (self.w13_weight, self.w2_weight) if self.fp8 is None else self.fp8
+        if self.dp_attention:
+            if isinstance(x, DeferredNorm):
+                x = normed(x, self._rms_norm)
+            (x, topk_weights, topk_ids), sizes = gather_rows(x, topk_weights, topk_ids)
+            if not x.shape[0]:  # no rank has tokens (a rank's idle pass beside idle ones)
+                return x
         if self.expert_parallel:
             local = topk_ids - self.expert_start
             topk_ids = torch.where((local >= 0) & (local < self.local_experts), local, -1)
+        if self.dp_attention:
+            return sum_own_rows(self._op(x, w13, w2, topk_weights, topk_ids,
+                                         num_shared_experts=self.num_shared_experts), sizes)
         if self.tp_size > 1:  # each rank's experts hold a slice of I: sum the partial outputs
             return all_reduce(self._op(x, w13, w2, topk_weights, topk_ids,
                                        num_shared_experts=self.num_shared_experts))
@@ -322,3 +337,13 @@ def load_hf_moe_weights(
 
     loaded |= load_hf_weights(model, non_expert(), stacked_params, skip)
     return loaded
+
+
+def idle_moe_pass(model: nn.Module) -> int:
+    """DP attention: a rank with no tokens in a step still takes its part in every MoE
+    layer's exchange, in the order the forward runs them (the modules' order), computing
+    its experts for the other ranks' tokens. Returns how many layers it joined."""
+    layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+    for layer in layers:
+        layer.forward(None, None, None)
+    return len(layers)

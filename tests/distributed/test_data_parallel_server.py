@@ -39,13 +39,18 @@ def complete_all(srv: ServerProcess) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
-    model = tiny_model_dir("llama")
+@pytest.mark.parametrize("kind, flags", [
+    ("llama", []),
+    # MLA attention on each replica's own requests, the experts split across the two.
+    ("deepseek_v2", ["--enable-dp-attention"]),
+])
+def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path, kind, flags):
+    model = tiny_model_dir(kind)
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     one = LLMEngine(str(model), device="cpu", enable_log_stats=False, max_model_len=256)
     want = [o["text"] for o in one.generate(PROMPTS, params)]
     two = ServerProcess(model, "--device", "cpu", "--max-model-len", "256", "-dp", "2",
-                        log=tmp_path / "server.log").wait_ready()
+                        *flags, log=tmp_path / "server.log").wait_ready()
     try:
         engines = two.engine_pids()
         assert len(engines) == 2
@@ -55,8 +60,11 @@ def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
     finally:
         two.stop()
     assert got == want
-    # Each replica computed some of the requests: an idle engine only polls its link.
+    # Each replica computed some of the requests: an idle engine only polls its link (under
+    # DP attention it also serves its experts to the other's steps).
     assert min(worked) > 0.2, worked
+    # The replicas stopped together, each told by the frontend or by the other.
+    assert two.proc.returncode == 0, two.log()
 
 
 @pytest.mark.parametrize("dp, tp, traces", [
@@ -67,9 +75,14 @@ def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path):
 def test_each_replica_is_one_engine_with_traces_of_its_own(dp, tp, traces):
     config = Config.from_kwargs(data_parallel_size=dp, tensor_parallel_size=tp,
                                 torch_profiler_dir="/t", device="cpu")
-    replica = EngineClient._replica_config(config, dp - 1)
-    assert replica.parallel_config.data_parallel_size == 1
+    replica = EngineClient.replica_configs(config)[-1]
     par = replica.parallel_config
+    assert par.data_parallel_rank == (dp - 1 if dp > 1 else None)
     got = [str(rank_trace_dir("/t", t, tp, par.data_parallel_rank)) for t in range(tp)]
     assert got == traces
-    assert config.parallel_config.data_parallel_size == dp  # the server's own is unchanged
+
+
+def test_dp_attention_replicas_meet_on_one_port():
+    config = Config.from_kwargs(data_parallel_size=2, enable_dp_attention=True, device="cpu")
+    ports = {r.parallel_config.master_port for r in EngineClient.replica_configs(config)}
+    assert len(ports) == 1 and None not in ports

@@ -58,3 +58,23 @@ def test_expert_parallel_ranks_give_one_process_logits():
             for g, w in zip(got, want):
                 assert torch.allclose(g, w, rtol=1e-4, atol=1e-4), \
                     (kind, rank, (g - w).abs().max().item())
+
+
+@pytest.mark.slow
+def test_dp_attention_ranks_give_one_process_logits_of_their_own_tokens():
+    """DP attention: each rank its own sequences, attention and dense layers whole, the
+    MoE experts split across the ranks, which exchange their tokens in every MoE layer.
+    Rank 1 sits a step out (its idle pass still serves rank 0's tokens to its experts)."""
+    kinds = ["qwen3_moe", "deepseek_v2"]
+    jobs = [(str(tiny_model_dir(kind)), {}) for kind in kinds]
+    mine = [[[8, 6, 4, 2], [3, 3]], [], [[10], [12]]]
+    split = tensor_parallel_logits(jobs, [STEPS, mine], size=2, dp_attention=True)
+    for kind, (path, _), ranks in zip(kinds, jobs, split):
+        for rank, steps in enumerate([STEPS, mine]):
+            want, whole = model_logits(path, [s for s in steps if s])
+            got, held = ranks[rank]
+            assert held < whole, (kind, rank)  # the experts were split
+            assert [g is None for g in got] == [not s for s in steps]
+            for g, w in zip([g for g in got if g is not None], want):
+                assert torch.allclose(g, w, rtol=1e-4, atol=1e-4), \
+                    (kind, rank, (g - w).abs().max().item())
