@@ -132,7 +132,7 @@ def test_printed_block_has_vllm_labels_and_order(run):
     assert int(rows["Successful requests:"]) == 24
     assert int(rows["Total input tokens:"]) == res["total_input_tokens"]
     assert float(rows["Mean TPOT (ms):"]) == pytest.approx(res["mean_tpot_ms"], abs=0.006)
-    assert "Accept length" not in printed  # our server has no /debug/mtp_stats
+    assert "Accept length" not in printed  # no speculative decoding: /debug/mtp_stats says so
 
 
 def test_poisson_arrivals_at_rate_4(server, tmp_path):

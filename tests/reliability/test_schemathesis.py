@@ -48,6 +48,10 @@ EXAMPLES = {
     "POST /v1/chat/completions": 400,
     "POST /v1/completions": 400,
     "POST /v1/messages": 250,
+    # Answered by the frontend alone (no engine step): many examples cost little.
+    "POST /v1/messages/count_tokens": 100,
+    "POST /tokenize": 150,
+    "POST /detokenize": 100,
     "GET /v1/models": 1,
     "GET /health": 1,
     "GET /version": 1,
@@ -60,7 +64,10 @@ CHECKS = [
     content_type_conformance,
     response_schema_conformance,
 ]
-REQUEST_SCHEMAS = ("ChatCompletionRequest", "CompletionRequest", "MessagesRequest")
+REQUEST_SCHEMAS = (
+    "ChatCompletionRequest", "CompletionRequest", "MessagesRequest", "CountTokensRequest",
+    "TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest",
+)  # fmt: skip
 
 
 def fuzz_flags() -> list[str]:
