@@ -31,6 +31,7 @@ from atom_core.entrypoints.http.openai.protocol import (
     ChatMessage,
     OpenAIRequest,
     ThinkingSwitch,
+    TokenizerInfo,
     ToolDict,
 )
 from atom_core.entrypoints.http.prompt_tokens import off_loop
@@ -112,17 +113,6 @@ class TokenizeResponse(msgspec.Struct, kw_only=True):
 
 class DetokenizeResponse(msgspec.Struct, kw_only=True):
     prompt: str
-
-
-class TokenizerInfo(msgspec.Struct, kw_only=True):
-    """The tokenizer's entry in the /v1/models card: what a client needs besides /tokenize
-    and /detokenize to build prompts with the served tokenizer (``atom bench serve``
-    without --tokenizer): its base vocabulary (ids below ``vocab_size``), which of those
-    are special, and whether a chat template renders the chat form."""
-
-    vocab_size: int
-    special_ids: list[int]
-    chat_template: bool
 
 
 # --------------------------------------------------------------------------- handler

@@ -102,6 +102,9 @@ def test_other_routes(doc):
     models = paths["/v1/models"]["get"]["responses"]
     assert models["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ModelList")
     assert set(models) == {"200", "401", "503"}
+    card = doc["components"]["schemas"]["ModelCard"]
+    assert card["properties"]["tokenizer"] == {"$ref": "#/components/schemas/TokenizerInfo"}
+    assert {"root", "max_model_len", "tokenizer"} <= set(card["required"])
     assert set(paths["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
 
 

@@ -599,11 +599,24 @@ class CompletionChunk(
     usage: UsageInfo | None = None
 
 
+class TokenizerInfo(msgspec.Struct, kw_only=True):
+    """The tokenizer's entry in the /v1/models card: what a client needs besides /tokenize
+    and /detokenize to build prompts with the served tokenizer (``atom bench serve``
+    without --tokenizer): its base vocabulary (ids below ``vocab_size``), which of those
+    are special, and whether a chat template renders the chat form."""
+
+    vocab_size: int
+    special_ids: list[int]
+    chat_template: bool
+
+
 class ModelCard(msgspec.Struct, kw_only=True, tag_field="object", tag="model"):
     id: str
     created: int
     owned_by: str = "atom"
+    root: str
     max_model_len: int
+    tokenizer: TokenizerInfo
 
 
 class ModelList(msgspec.Struct, kw_only=True, tag_field="object", tag="list"):
