@@ -7,8 +7,10 @@ batches split decodes from prefills by the host-side query lengths when eager, a
 metadata's padded ``decode_seqs``/``prefill_seqs`` when captured: both kernels skip the
 -1 padding, and the prefill grid spans the step's padded token count.
 
-An fp8 (float8_e4m3fn) cache is read as the native backend reads it (scale one, each tile
-converted to the query's dtype) and written as it writes it (saturated to e4m3's range).
+An fp8 (float8_e4m3fn) cache is written as the native backend writes it (over the layer's
+k_scale / v_scale, saturated to e4m3's range) and read as attention over the dequantized
+cache (each tile converted to the query's dtype, the scales folded into the softmax scale
+and the output).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class TritonAttentionBackend(AttentionBackend):
         cache_written: bool = False,
     ) -> torch.Tensor:
         if not cache_written:
-            write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+            write_kv_cache(k, v, kv_cache, meta.slot_mapping, self.k_scale, self.v_scale)
         if meta.is_decode_only:
             return self._decode(q, kv_cache, meta, self._splits(meta.seq_lens.shape[0], q.device))
         num_tokens = q.shape[0]
@@ -70,11 +72,12 @@ class TritonAttentionBackend(AttentionBackend):
             splits = self._splits(decodes.shape[0], q.device)
             paged_decode_attention(
                 q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-                self.scale, splits, seq_idx=decodes,
+                self.scale, splits, seq_idx=decodes, k_scale=self.k_scale,
+                v_scale=self.v_scale,
             )
         paged_prefill_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills,
-            meta.max_query_len, out, self.scale,
+            meta.max_query_len, out, self.scale, self.k_scale, self.v_scale,
         )
         return out.view(num_tokens, -1)
 
@@ -112,6 +115,7 @@ class TritonAttentionBackend(AttentionBackend):
         paged_decode_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
             self.scale, splits, new_tokens=new, fresh=meta.new_rows_per_seq,
+            k_scale=self.k_scale, v_scale=self.v_scale,
         )
         return out.view(num_tokens, -1)
 

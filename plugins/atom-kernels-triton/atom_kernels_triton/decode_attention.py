@@ -11,10 +11,12 @@ saving a merge kernel's launch and gap a layer in batch-1 decode graphs.
 Everything the kernels read about the batch is in tensors; nothing depends on host values
 but the grid, which depends only on tensor shapes.
 
-The cache may be float8_e4m3fn (scale one): each K/V tile is converted to the query's dtype
-as it is loaded, and the fused input stores the new row saturated (kv_cache.py's
-``to_cache``) and attends to that stored value, so the result is attention over the
-dequantized cache either way. For a cache of the query's dtype the conversions are no-ops.
+The cache may be float8_e4m3fn: each K/V tile is converted to the query's dtype as it is
+loaded, the K scale is folded into the softmax scale and the V scale into each split's
+output, and the fused input stores the new row over its scales, saturated (kv_cache.py's
+``to_cache``), and attends to that stored value; so the result is attention over the
+dequantized cache either way. For a cache of the query's dtype the conversions are no-ops
+and the scales are not read.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def _decode_kernel(
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
     po_ptr, plse_ptr, count_ptr,
-    sm_scale, block_size, head_dim, fresh,
+    sm_scale, block_size, head_dim, fresh, v_scale, k_inv, v_inv,
     kn_ptr, kn_stride, vn_ptr, vn_stride, qw_ptr, kw_ptr, eps, pos_ptr, cs_ptr, cs_stride,
     rot_dim, slot_ptr,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -171,7 +173,8 @@ def _decode_kernel(
     sequence's newest row computes that token's K/V (norm and RoPE on k), stores them in the
     cache before its loop reads them (a CTA barrier orders its own threads), and patches them
     into a tile it preloaded before the store: as stored, so from an fp8 cache the
-    saturated value, converted back as every loaded tile is. That is Qwen3's attention input
+    saturated value over its scale, converted back as every loaded tile is (sm_scale holds
+    the K scale, ``v_scale`` multiplies the output). That is Qwen3's attention input
     (``qk_norm_rope_cache_write``) without its own launch. The loop's tiles are not patched
     in registers: an op between a load and its tl.dot stops Triton pipelining the loads.
 
@@ -249,9 +252,9 @@ def _decode_kernel(
                            cs, head_dim, rot_dim, IS_NEOX, BLOCK_H, BLOCK_D)
         k_new = to_cache(norm_rope_rows(kn_ptr + row * kn_stride + kvh * head_dim,
                                         tl.arange(0, 1) < 1, kw_ptr, eps, cs, head_dim, rot_dim,
-                                        IS_NEOX, 1, BLOCK_D), k_ptr)
+                                        IS_NEOX, 1, BLOCK_D), k_ptr, k_inv)
         v_new = to_cache(tl.load(vn_ptr + row * vn_stride + kvh * head_dim + offs_d[None, :],
-                                 mask=dmask[None, :], other=0.0), v_ptr)
+                                 mask=dmask[None, :], other=0.0), v_ptr, v_inv)
         # This split owns the new row.
         if (start <= seq_len - 1) & (seq_len - 1 < end) & (slot >= 0):
             dst = ((slot // block_size) * stride_blk + (slot % block_size) * stride_slot
@@ -281,6 +284,8 @@ def _decode_kernel(
 
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
+    if v_ptr.dtype.element_ty == tl.float8e4nv:
+        o = o * v_scale  # every split alike, so the merge of the partials is unchanged
     omask = hmask[:, None] & dmask[None, :]
     if HAS_SEQ_IDX:
         omask = omask & ((offs_h * 0 + entry) >= 0)[:, None]
@@ -355,8 +360,11 @@ def paged_decode_attention(
     tile: tuple[int, int, int] | None = None,  # (BLOCK_N, num_warps, num_stages): tuning only
     new_tokens: NewTokenInput | None = None,
     fresh: int = 1,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Attention of each decode row's query over its sequence's cached K/V, into ``out``.
+    """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
+    an fp8 cache's K and V read times ``k_scale`` and ``v_scale``.
 
     With ``new_tokens``, q is the raw projection output and the kernel also does Qwen3's
     attention input (see ``_decode_kernel``); the result equals running
@@ -385,6 +393,8 @@ def paged_decode_attention(
     # (bench/decode_attention.py).
     default = (32, 4, 2) if q.dtype == torch.float32 else (64, 8 if preload else 4, 2)
     block_n, num_warps, num_stages = tile or default
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
     fused = new_tokens is not None
     if fused:
         kn, vn = new_tokens.k, new_tokens.v
@@ -403,7 +413,7 @@ def paged_decode_attention(
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
         out, out.stride(0), out.stride(1), po, plse, counters,
-        scale, block_size, head_dim, fresh, *extra,
+        scale, block_size, head_dim, fresh, v_scale, 1.0 / k_scale, 1.0 / v_scale, *extra,
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,

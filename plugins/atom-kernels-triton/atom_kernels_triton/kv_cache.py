@@ -1,9 +1,13 @@
 """KV-cache write: each new token's K and V into its paged slot; slot -1 (padding) skips.
 
-An fp8 (float8_e4m3fn) cache (``--kv_cache_dtype fp8``, scale one) stores each value as the
-native ``store_rows`` does: saturated to +-448, rounded to nearest even. ``to_cache`` is
-that conversion for every Triton kernel that writes a cache; kernels read such a cache by
-converting each loaded tile to their compute dtype."""
+An fp8 (float8_e4m3fn) cache (``--kv_cache_dtype fp8``) stores each value as the native
+``store_rows`` does: times the fp32 reciprocal of the layer's scale (k_scale, v_scale, or
+MLA's kv_scale), saturated to +-448, rounded to nearest even. ``to_cache`` is that
+conversion for every Triton kernel that writes a cache. Kernels read such a cache by
+converting each loaded tile to their compute dtype and folding the scales into the
+softmax scale (K) and the output (V), so no tile is multiplied. The scales are plain
+numbers fixed after loading: a captured CUDA graph keeps them as kernel arguments.
+"""
 
 from __future__ import annotations
 
@@ -38,11 +42,12 @@ def _saturate_e4m3(x):
 
 
 @triton.jit
-def to_cache(x, cache_ptr):
+def to_cache(x, cache_ptr, inv_scale):
     """``x`` as the cache at ``cache_ptr`` stores it: a cast, or for an fp8 cache the
-    saturated e4m3 value (``store_rows``'). The branch is resolved at compile time."""
+    saturated e4m3 value of ``x * inv_scale`` (``store_rows``': ``inv_scale`` is the fp32
+    reciprocal of the layer's scale). The branch is resolved at compile time."""
     if cache_ptr.dtype.element_ty == tl.float8e4nv:
-        y = _saturate_e4m3(x.to(tl.float32))
+        y = _saturate_e4m3(x.to(tl.float32) * inv_scale)
     else:
         y = x.to(cache_ptr.dtype.element_ty)
     return y
@@ -50,7 +55,7 @@ def to_cache(x, cache_ptr):
 
 @triton.jit
 def _write_kv_kernel(k_ptr, k_stride, v_ptr, v_stride, cache_ptr, v_offset, slot_ptr, width,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+                     k_inv, v_inv, BLOCK: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -61,16 +66,17 @@ def _write_kv_kernel(k_ptr, k_stride, v_ptr, v_stride, cache_ptr, v_offset, slot
     k = tl.load(k_ptr + tok * k_stride + cols, mask=mask)
     v = tl.load(v_ptr + tok * v_stride + cols, mask=mask)
     dst = cache_ptr + slot * width + cols
-    tl.store(dst, to_cache(k, cache_ptr), mask=mask)
-    tl.store(dst + v_offset, to_cache(v, cache_ptr), mask=mask)
+    tl.store(dst, to_cache(k, cache_ptr, k_inv), mask=mask)
+    tl.store(dst + v_offset, to_cache(v, cache_ptr, v_inv), mask=mask)
 
 
 def write_kv_cache(
-    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """k, v: [T, kv_heads * head_dim] (rows may be strided); kv_cache: contiguous
-    [2, num_blocks, block_size, kv_heads, head_dim], of the inputs' dtype or float8_e4m3fn;
-    writes in place, no host sync."""
+    [2, num_blocks, block_size, kv_heads, head_dim], of the inputs' dtype or float8_e4m3fn
+    (which stores k / k_scale and v / v_scale); writes in place, no host sync."""
     num_tokens = k.shape[0]
     k2, v2 = k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)
     if k2.stride(-1) != 1:
@@ -83,5 +89,5 @@ def write_kv_cache(
     block = min(1024, triton.next_power_of_2(width))
     _write_kv_kernel[(num_tokens, triton.cdiv(width, block))](
         k2, k2.stride(0), v2, v2.stride(0), kv_cache, kv_cache.stride(0), slot_mapping, width,
-        BLOCK=block, **pdl_options(k2.device),
+        1.0 / k_scale, 1.0 / v_scale, BLOCK=block, **pdl_options(k2.device),
     )

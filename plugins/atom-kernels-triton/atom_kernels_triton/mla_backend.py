@@ -5,7 +5,8 @@ the queries, W_UV out of the latent result) and the kernel, all reading tensors 
 with grids from tensor shapes; so a captured CUDA graph replays it for any seq_lens.
 Mixed and prefill batches (always eager) go through the native backend's split of the
 batch: its decode rows come back here, its prefill chunks use native's expanded SDPA.
-An fp8 (float8_e4m3fn) cache is written saturated and read converted to the query's dtype.
+An fp8 (float8_e4m3fn) cache is written over the layer's ``kv_scale``, saturated, and read
+converted to the query's dtype, the scale folded into the softmax scale and the output.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class TritonMLABackend(NativeMLABackend):
     slot -1 (padding) is not stored and a context length of 0 attends to nothing."""
 
     cuda_graph_safe = True
-    fp8_kv_cache = True  # the latent write saturates; the kernel converts what it loads
+    fp8_kv_cache = True  # the latent write scales and saturates; the kernel converts back
     # native's forward (mixed batches) writes through this: one launch, slot -1 skipped.
     write_cache = staticmethod(write_latent_cache)
     _sms: int | None = None  # read on first use: no device query during graph capture
@@ -47,7 +48,7 @@ class TritonMLABackend(NativeMLABackend):
         if not meta.is_decode_only:
             return super().forward(q_nope, q_pe, kv_c, k_pe, kv_b_weight, kv_cache, meta)
         # Row i is sequence i's one query. No host-side fact of the batch is read here.
-        write_latent_cache(kv_c, k_pe, kv_cache, meta.slot_mapping)
+        write_latent_cache(kv_c, k_pe, kv_cache, meta.slot_mapping, self.kv_scale)
         out = self._decode(q_nope, q_pe, kv_b_weight, kv_cache, meta.block_tables, meta.seq_lens)
         return out.reshape(q_nope.shape[0], -1)
 
@@ -72,7 +73,7 @@ class TritonMLABackend(NativeMLABackend):
         mla_decode_attention(
             q_latent, q_pe.to(q_latent.dtype), kv_cache, block_tables, seq_lens, self.scale,
             mla_num_splits(num_seqs, self.num_heads, self._sms, config),
-            out=latent.transpose(0, 1), config=config,
+            out=latent.transpose(0, 1), config=config, kv_scale=self.kv_scale,
         )
         # Apply W_UV per head on the [H, S, L] layout the kernel wrote: latent -> value space,
         # written through an [H, S, v] view of [S, H, v] so that o_proj's [S, H * v] input

@@ -11,9 +11,9 @@ seq_lens tensor), so a grid that depends only on tensor shapes - what a CUDA gra
 fills the GPU at batch 1; partials carry an fp32 log-sum-exp and a second kernel merges
 them. A sequence of length 0 (a graph's padding row) reads no cache and yields zeros.
 
-The cache may be float8_e4m3fn (scale one): latent tiles are converted to the queries' dtype
-as they are loaded, and the latent write stores values saturated (kv_cache.py's
-``to_cache``).
+The cache may be float8_e4m3fn: latent tiles are converted to the queries' dtype as they
+are loaded, the one latent scale folded into the softmax scale and the output, and the
+latent write stores values over that scale, saturated (kv_cache.py's ``to_cache``).
 
 Its merge is not decode_attention's: that one finds a sequence's output row through
 query_start_loc and holds a whole head's partials at once, which for a 512-wide latent
@@ -67,7 +67,7 @@ def _mla_decode_kernel(
     bt_ptr, bt_stride, seq_lens_ptr,
     out_ptr, out_stride_s, out_stride_h,
     po_ptr, plse_ptr,
-    sm_scale, num_heads, block_size,
+    sm_scale, kv_scale, num_heads, block_size,
     RANK: tl.constexpr, ROPE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
     BLOCK_R: tl.constexpr, PRECISION: tl.constexpr,
@@ -122,6 +122,8 @@ def _mla_decode_kernel(
 
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
+    if cache_ptr.dtype.element_ty == tl.float8e4nv:
+        o = o * kv_scale  # every split alike, so the merge of the partials is unchanged
     omask = hmask[:, None] & lmask[None, :]
     if NUM_SPLITS == 1:
         tl.store(out_ptr + s64 * out_stride_s + heads[:, None] * out_stride_h + offs_l[None, :],
@@ -180,9 +182,11 @@ def mla_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,  # [S, H, rank]
     config: MLADecodeConfig | None = None,
+    kv_scale: float = 1.0,
 ) -> torch.Tensor:
     """Each sequence's one query, every head, attended over its cached latents: the
-    softmax-weighted sum of the ``kv_c`` rows, ``[S, H, rank]`` in ``q_latent``'s dtype."""
+    softmax-weighted sum of the ``kv_c`` rows, ``[S, H, rank]`` in ``q_latent``'s dtype;
+    an fp8 cache's latents read times ``kv_scale``."""
     num_seqs, num_heads, rank = q_latent.shape
     rope = q_pe.shape[2]
     if kv_cache.shape[2] != rank + rope:
@@ -205,6 +209,8 @@ def mla_decode_attention(
                            device=out.device)
     else:
         po = plse = out  # unused
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        scale = scale * kv_scale  # q . (stored * kv_scale) == (q . stored) * kv_scale
     grid = (num_seqs, triton.cdiv(num_heads, block_h), num_splits)
     _mla_decode_kernel[grid](
         q_latent, q_latent.stride(0), q_latent.stride(1),
@@ -212,7 +218,7 @@ def mla_decode_attention(
         kv_cache, kv_cache.stride(0), kv_cache.stride(1),
         block_tables, block_tables.stride(0), seq_lens,
         out, out.stride(0), out.stride(1), po, plse,
-        scale, num_heads, kv_cache.shape[1],
+        scale, kv_scale, num_heads, kv_cache.shape[1],
         RANK=rank, ROPE=rope, NUM_SPLITS=num_splits, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
         BLOCK_L=triton.next_power_of_2(max(rank, 16)),
         BLOCK_R=triton.next_power_of_2(max(rope, 16)),
@@ -230,7 +236,7 @@ def mla_decode_attention(
 
 
 @triton.jit
-def _write_latent_kernel(kvc_ptr, kvc_stride, kpe_ptr, kpe_stride, cache_ptr, slot_ptr,
+def _write_latent_kernel(kvc_ptr, kvc_stride, kpe_ptr, kpe_stride, cache_ptr, slot_ptr, inv,
                          RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK: tl.constexpr,
                          PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -243,16 +249,18 @@ def _write_latent_kernel(kvc_ptr, kvc_stride, kpe_ptr, kpe_stride, cache_ptr, sl
     in_pe = (cols >= RANK) & (cols < RANK + ROPE)
     c = tl.load(kvc_ptr + tok * kvc_stride + cols, mask=in_c, other=0.0)
     pe = tl.load(kpe_ptr + tok * kpe_stride + (cols - RANK), mask=in_pe, other=0.0)
-    row = tl.where(in_c, to_cache(c, cache_ptr), to_cache(pe, cache_ptr))
+    row = tl.where(in_c, to_cache(c, cache_ptr, inv), to_cache(pe, cache_ptr, inv))
     tl.store(cache_ptr + slot * (RANK + ROPE) + cols, row, mask=cols < RANK + ROPE)
 
 
 def write_latent_cache(
-    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    scale: float = 1.0,
 ) -> None:
     """Store each new token's ``[kv_c | k_pe]`` at its slot of a contiguous
-    ``[num_blocks, block_size, rank + rope]`` cache (an fp8 one gets the values saturated, as
-    the native ``store_rows`` stores them); slot -1 (padding) writes nothing.
+    ``[num_blocks, block_size, rank + rope]`` cache (an fp8 one gets the values over
+    ``scale``, saturated, as the native ``store_rows`` stores them); slot -1 (padding)
+    writes nothing.
     One launch, no host sync: safe inside a CUDA graph."""
     num_tokens, rank = kv_c.shape
     rope = k_pe.shape[1]
@@ -265,7 +273,7 @@ def write_latent_cache(
     if k_pe.stride(1) != 1:
         k_pe = k_pe.contiguous()
     _write_latent_kernel[(num_tokens,)](
-        kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), kv_cache, slot_mapping,
+        kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), kv_cache, slot_mapping, 1.0 / scale,
         RANK=rank, ROPE=rope, BLOCK=triton.next_power_of_2(rank + rope),
         **pdl_options(kv_cache.device),
     )

@@ -17,9 +17,9 @@ Throughput choices (prefill is compute bound; these follow the FlashAttention-2 
   and a tile over several pages finds each key's block with a shift (no integer division).
   K/V offsets keep their 16-element alignment, so loads vectorize and pipeline (cp.async).
 
-The cache may be float8_e4m3fn (scale one): K/V tiles are converted to the query's dtype as
-they are loaded, then computed on as a cache of that dtype would be (a no-op conversion for
-one).
+The cache may be float8_e4m3fn: K/V tiles are converted to the query's dtype as they are
+loaded, then computed on as a cache of that dtype would be (a no-op conversion for one),
+with the K scale folded into the softmax scale and the V scale into the output.
 
 GQA is not grouped into one program: rows of (head, position) pairs do the same FLOPs per
 K/V tile as rows of positions, so at a fixed tile size it saves no traffic; L2 serves the
@@ -98,7 +98,7 @@ def _prefill_kernel(
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
-    sm_scale,
+    sm_scale, v_scale,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -145,6 +145,8 @@ def _prefill_kernel(
                             PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION)
 
     o = acc / l_sum[:, None]
+    if v_ptr.dtype.element_ty == tl.float8e4nv:
+        o = o * v_scale
     tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
@@ -182,6 +184,8 @@ def paged_prefill_attention(
     max_query_len: int,  # the grid's bound: a captured step passes its token count
     out: torch.Tensor,  # [T, H, D]
     scale: float,
+    k_scale: float = 1.0,  # an fp8 cache's K and V are read times these
+    v_scale: float = 1.0,
 ) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
@@ -190,13 +194,15 @@ def paged_prefill_attention(
     block_d = triton.next_power_of_2(max(head_dim, 16))
     block_m, block_n, warps, stages = tile_config(q.dtype, block_d)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
     grid = (num_heads, seq_idx.shape[0], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1),
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
         out, out.stride(0), out.stride(1),
-        scale,
+        scale, v_scale,
         GROUP=num_heads // num_kv_heads, PAGE=block_size, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -1,7 +1,7 @@
 """Qwen3's attention input in one launch: per-head RMSNorm of q and k, RoPE, and the paged
 KV-cache write of k and v. One program per token, all its heads; q, k and v are read once
 from the qkv projection's output and k/v written straight into their cache slot (an fp8
-cache gets them saturated, as kv_cache.py's ``to_cache`` stores them)."""
+cache gets them over their scales, saturated, as kv_cache.py's ``to_cache`` stores them)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def _norm_rope_heads(src, src_stride, w_ptr, eps, dst, cs_ptr, tok, heads, head_
 def _qk_norm_rope_cache_kernel(
     pos_ptr, q_ptr, q_stride, k_ptr, k_stride, v_ptr, v_stride, qw_ptr, kw_ptr, eps,
     q_out, k_out, cs_ptr, cs_stride, cache_ptr, v_offset, slot_ptr, q_heads, k_heads,
-    head_size, rot_dim, IS_NEOX: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
+    head_size, rot_dim, k_inv, v_inv, IS_NEOX: tl.constexpr, BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -85,8 +86,8 @@ def _qk_norm_rope_cache_kernel(
         cols = h[:, None] * head_size + d[None, :]
         v = tl.load(v_ptr + tok * v_stride + cols, mask=mask)
         dst = cache_ptr + slot * (k_heads * head_size) + cols
-        tl.store(dst, to_cache(k, cache_ptr), mask=mask)
-        tl.store(dst + v_offset, to_cache(v, cache_ptr), mask=mask)
+        tl.store(dst, to_cache(k, cache_ptr, k_inv), mask=mask)
+        tl.store(dst + v_offset, to_cache(v, cache_ptr, v_inv), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +107,8 @@ def qk_norm_rope_cache_write(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     is_neox: bool = True,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as the native op (atom_core/ops/native/qk_norm_rope.py). One launch,
     grid = number of tokens, no host reads of device values: CUDA-graph capturable."""
@@ -124,7 +127,8 @@ def qk_norm_rope_cache_write(
             positions, q2, q2.stride(0), k2, k2.stride(0), v2, v2.stride(0), q_weight, k_weight,
             eps, q_out, k_out, cos_sin_cache, cos_sin_cache.stride(0), kv_cache,
             kv_cache.stride(0), slot_mapping, q_heads, k_heads, head_size,
-            cos_sin_cache.shape[-1], IS_NEOX=is_neox, BLOCK_QH=block_qh,
+            cos_sin_cache.shape[-1], 1.0 / k_scale, 1.0 / v_scale, IS_NEOX=is_neox,
+            BLOCK_QH=block_qh,
             BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_D=block_d,
             num_warps=8 if block_qh * block_d >= 8192 else 4, **pdl_options(q.device),
         )
