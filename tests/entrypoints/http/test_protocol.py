@@ -19,6 +19,7 @@ from atom_core.entrypoints.http.openai.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    TokenizerInfo,
 )
 from atom_core.entrypoints.http.sse import data_frame, done_frame, encode_json, event_frame
 from atom_core.errors import InvalidRequestError
@@ -241,13 +242,15 @@ def test_objects_are_tagged_and_chunks_omit_absent_fields():
         "index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": None,
         "stop_reason": None,
     }  # fmt: skip
-    models = json.loads(
-        encode_json(ModelList(data=[ModelCard(id="m", created=0, max_model_len=8)]))
-    )
+    tokenizer = TokenizerInfo(vocab_size=320, special_ids=[0], chat_template=True)
+    card = ModelCard(id="m", created=0, root="m", max_model_len=8, tokenizer=tokenizer)
+    models = json.loads(encode_json(ModelList(data=[card])))
     assert models == {
         "object": "list",
         "data": [
-            {"object": "model", "id": "m", "created": 0, "owned_by": "atom", "max_model_len": 8}
+            {"object": "model", "id": "m", "created": 0, "owned_by": "atom", "root": "m",
+             "max_model_len": 8,
+             "tokenizer": {"vocab_size": 320, "special_ids": [0], "chat_template": True}}
         ],
     }
 
