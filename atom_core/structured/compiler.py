@@ -41,8 +41,15 @@ class GrammarCompiler:
                                           "and this model has none")
             import llguidance.hf
 
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None)
+            try:
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=self.vocab_size,
+                    eos_token=self.eos_token_ids or None)
+            except Exception as exc:  # a slow tokenizer, a vocabulary llguidance cannot read
+                # The request's refusal, not the engine's death: the engine process runs this.
+                raise InvalidRequestError(
+                    f"structured outputs are not available for this model's tokenizer: {exc}"
+                ) from None
         return self._ll_tokenizer
 
     def matcher(self, spec: StructuredSpec) -> GrammarMatcher:

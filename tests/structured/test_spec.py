@@ -111,3 +111,8 @@ def test_batched_fill_equals_one_at_a_time(compiler, tokenizer):
 def test_a_model_without_a_tokenizer_refuses_constraints():
     with pytest.raises(InvalidRequestError, match="tokenizer"):
         GrammarCompiler(None, VOCAB_SIZE, []).matcher(StructuredSpec("regex", "a"))
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_constraints():
+    with pytest.raises(InvalidRequestError, match="not available for this model's tokenizer"):
+        GrammarCompiler(object(), VOCAB_SIZE, []).matcher(StructuredSpec("regex", "a"))
