@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from atom_core.layers.attention.kv_scales import KVScaleLoader
 from atom_core.layers.attention.layer import Attention
 from atom_core.layers.linear import default_weight_loader
 
@@ -62,8 +63,10 @@ def load_hf_weights(
 
     A name containing a checkpoint part of ``stacked_params`` goes into the fused
     parameter as that shard. Names matching ``skip``, and ``lm_head.weight`` when the head
-    is tied to the embedding, are dropped; any other unknown name is an error, so a
-    checkpoint that does not fit the model fails loudly rather than loading half-way.
+    is tied to the embedding, are dropped; KV-cache scales (``k_scale``, ``v_scale``,
+    ``kv_scale``) go to their attention layers (layers/attention/kv_scales.py); any other
+    unknown name is an error, so a checkpoint that does not fit the model fails loudly
+    rather than loading half-way.
     """
     params = dict(model.named_parameters())
     tied = bool(getattr(getattr(model, "lm_head", None), "tied", False))
@@ -73,8 +76,11 @@ def load_hf_weights(
         needed.setdefault(fused, set()).add(shard_id)
     loaded: set[str] = set()
     shards: dict[str, set[str | int]] = {}
+    kv_scales = KVScaleLoader(model)
     for name, tensor in weights:
         if any(s in name for s in skip) or (tied and name == "lm_head.weight"):
+            continue
+        if name not in params and kv_scales.load(name, tensor):
             continue
         for fused, part, shard_id in stacked_params:
             if part in name:

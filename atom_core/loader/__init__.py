@@ -24,6 +24,7 @@ from transformers import PretrainedConfig
 from atom_core.config import Config, ModelConfig
 from atom_core.errors import ConfigError
 from atom_core.fusion import fuse_model
+from atom_core.layers.attention.kv_scales import resolve_kv_scales
 from atom_core.layers.context import BuildContext, build_context
 from atom_core.loader import hf_dir
 from atom_core.loader.chat_template import load_chat_template
@@ -139,6 +140,11 @@ def load_model(
     else:
         raise ConfigError(f"--model {path} is a config file without weights; add --load_dummy")
     _check_complete(model, loaded, source)
+    cache = config.cache_config
+    kv_scales = resolve_kv_scales(model.attention_layers(), cache.kv_cache_dtype,
+                                  cache.kv_cache_scales)
+    if kv_scales is not None:
+        logger.info("%s", kv_scales)
     if m.quantization == "fp8":
         require_fp8_device(torch.device(device), "--quantization fp8")
         quantize_model(model, m.fp8_layers, m.fp8_w8a8_min_rows)
