@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -164,22 +165,35 @@ def _scatter_index(tokens: Tensor, vocab_size: int) -> Tensor:
 _BIT_SHIFTS: dict[torch.device, Tensor] = {}
 
 
+def _allowed(bitmask: Tensor, vocab: int) -> Tensor:
+    """[C, ceil(V/32)] int32 bitmask -> [C, vocab] bool, True where a token may come."""
+    if bitmask.device.type == "cpu":
+        # numpy unpacks in one C loop: ~0.5 ms for 32 x 49152 tokens on the 2-core VM,
+        # against ~30 ms for the shifts below, which a GPU runs in microseconds.
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, count=vocab,
+                             bitorder="little")
+        return torch.from_numpy(bits).view(torch.bool)
+    return _allowed_by_shifts(bitmask, vocab)
+
+
+def _allowed_by_shifts(bitmask: Tensor, vocab: int) -> Tensor:
+    shifts = _BIT_SHIFTS.get(bitmask.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[bitmask.device] = torch.arange(32, dtype=torch.int32,
+                                                           device=bitmask.device)
+    return ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, :vocab].bool()
+
+
 def apply_token_bitmask(logits: Tensor, batch: SamplingBatch) -> Tensor:
     """``logits`` with every token its row's bitmask forbids at -inf (constrained rows
     only; a copy, the model's logits untouched)."""
-    bitmask = batch.token_bitmask
-    assert bitmask is not None
-    shifts = _BIT_SHIFTS.get(logits.device)
-    if shifts is None:
-        shifts = _BIT_SHIFTS[logits.device] = torch.arange(32, dtype=torch.int32,
-                                                          device=logits.device)
-    vocab = logits.shape[-1]
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, :vocab].bool()
+    assert batch.token_bitmask is not None
+    allowed = _allowed(batch.token_bitmask, logits.shape[-1])
     rows = batch.constrained_rows
     if rows is None:
-        return logits.masked_fill(~allowed, float("-inf"))
+        return torch.where(allowed, logits, float("-inf"))
     out = logits.clone()
-    out[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    out[rows] = torch.where(allowed, logits[rows], float("-inf"))
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_core.layers.sampler import Sampler, SamplingBatch
+from atom_core.layers.sampler import Sampler, SamplingBatch, _allowed, _allowed_by_shifts
 from atom_core.sampling_params import SamplingParams
 from atom_core.structured import StructuredSpec
 
@@ -72,3 +72,15 @@ def test_logprobs_are_the_models_not_the_masks():
     assert lp.token_id == 7
     assert abs(lp.logprob - torch.log_softmax(logits[0], -1)[7].item()) < 1e-5
     assert [t for t, _ in lp.top] == logits[0].topk(3).indices.tolist()
+
+
+def test_the_host_and_device_unpackings_agree():
+    # The CPU unpacks with numpy, a GPU with shifts; both read bit t % 32 of word t // 32,
+    # the sign bit included.
+    words = torch.randint(-(2**31), 2**31 - 1, (5, 4), dtype=torch.int32,
+                          generator=torch.Generator().manual_seed(3))
+    for vocab in (128, 100, 97):
+        expected = torch.tensor([[bool((int(words[r, t // 32]) >> (t % 32)) & 1)
+                                  for t in range(vocab)] for r in range(5)])
+        assert torch.equal(_allowed(words, vocab), expected)
+        assert torch.equal(_allowed_by_shifts(words, vocab), expected)
