@@ -35,6 +35,20 @@ def rope_config(hf_config: Any) -> tuple[float, dict[str, Any] | None]:
     return float(base), scaling
 
 
+def rotary_dim(hf_config: Any, head_dim: int) -> int:
+    """How many of each head's ``head_dim`` dims RoPE rotates: ``partial_rotary_factor`` of
+    them (in rope_parameters in transformers 5, at the top level before; GLM-4.5 rotates
+    half), else a config's own ``rotary_dim`` (GPT-J's, MiniMax-M2's), else all. As
+    transformers computes it: ``int(head_dim * factor)``."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    factor = params.get("partial_rotary_factor")
+    if factor is None:
+        factor = getattr(hf_config, "partial_rotary_factor", None)
+    if factor is not None:
+        return int(head_dim * factor)
+    return int(getattr(hf_config, "rotary_dim", None) or head_dim)
+
+
 def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
 

@@ -6,7 +6,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from atom_core.layers.rotary import get_rope, rope_config, rope_inv_freq
+from atom_core.layers.rotary import get_rope, rope_config, rope_inv_freq, rotary_dim
 
 HEAD, HEADS, KV_HEADS, MAX_POS = 32, 4, 2, 2048
 
@@ -95,6 +95,45 @@ def test_partial_rotary_and_gptj_style():
 
     torch.testing.assert_close(got_q, ref(q))
     torch.testing.assert_close(got_k, ref(k))
+
+
+def test_partial_rotary_matches_glm4_moe_bit_for_bit():
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe import modeling_glm4_moe as glm
+
+    config = Glm4MoeConfig(
+        hidden_size=HEAD * HEADS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        head_dim=HEAD, max_position_embeddings=MAX_POS, partial_rotary_factor=0.5,
+        rope_theta=50000.0,
+    )
+    base, scaling = rope_config(config)
+    assert rotary_dim(config, HEAD) == HEAD // 2 and scaling is None
+    rope = get_rope(HEAD, rotary_dim(config, HEAD), MAX_POS, base, scaling, is_neox=True)
+    positions = torch.tensor([0, 1, 5, 300, 2047])
+    q, k = torch.randn(5, HEADS * HEAD), torch.randn(5, KV_HEADS * HEAD)
+    got_q, got_k = rope(positions, q, k)
+    cos, sin = glm.Glm4MoeRotaryEmbedding(config)(q, positions[None])
+    ref_q, ref_k = glm.apply_rotary_pos_emb(
+        q.view(1, 5, HEADS, HEAD).transpose(1, 2), k.view(1, 5, KV_HEADS, HEAD).transpose(1, 2),
+        cos, sin,
+    )
+    torch.testing.assert_close(got_q, ref_q.transpose(1, 2).reshape(5, -1), atol=0, rtol=0)
+    torch.testing.assert_close(got_k, ref_k.transpose(1, 2).reshape(5, -1), atol=0, rtol=0)
+    assert torch.equal(got_q.view(5, HEADS, HEAD)[..., HEAD // 2:],
+                       q.view(5, HEADS, HEAD)[..., HEAD // 2:])  # the rest passes through
+
+
+def test_rotary_dim_from_each_config_style():
+    class Old:
+        partial_rotary_factor = 0.25
+
+    class GptJ:
+        rotary_dim = 64
+
+    assert rotary_dim(Old(), 128) == 32 and rotary_dim(GptJ(), 256) == 64
+    assert rotary_dim(hf_config(None), HEAD) == HEAD
+    new = type("New", (), {"rope_parameters": {"partial_rotary_factor": 0.5}, "rotary_dim": 8})
+    assert rotary_dim(new(), 100) == 50  # the factor, truncated, wins
 
 
 def test_layers_share_one_cache():
