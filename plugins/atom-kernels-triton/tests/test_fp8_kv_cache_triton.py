@@ -118,21 +118,25 @@ def test_kv_write_stores_what_store_rows_stores(dtype):
     assert same_bytes(cache, ref)  # padding rows (slot -1) left their slots' NaN too
 
 
-def check_fused_write(q, k, v, qw, kw, pos, cos_sin, cache, slots, is_neox, dtype):
-    """qk_norm_rope_cache_write into the fp8 ``cache``: store_rows' bytes of the k it returns
-    and of v, and within k's own rounding what the native op returns and stores."""
+def check_fused_write(q, k, v, qw, kw, pos, cos_sin, cache, slots, is_neox, dtype,
+                      k_scale=1.0, v_scale=1.0):
+    """qk_norm_rope_cache_write into the fp8 ``cache`` with the given scales: store_rows'
+    bytes of the k it returns and of v, and within k's own rounding what the native op
+    returns and stores."""
     kv_heads, head_dim = cache.shape[-2:]
     before, ref_cache = cache.clone(), cache.clone()
-    ref_q, ref_k = native_fused(q, k, v, qw, kw, 1e-6, pos, cos_sin, ref_cache, slots, is_neox)
+    ref_q, ref_k = native_fused(q, k, v, qw, kw, 1e-6, pos, cos_sin, ref_cache, slots, is_neox,
+                                k_scale, v_scale)
     got_q, got_k = qk_norm_rope_cache_write(q, k, v, qw, kw, 1e-6, pos, cos_sin, cache, slots,
-                                            is_neox)
+                                            is_neox, k_scale, v_scale)
     assert rel_err(got_q, ref_q) < tolerance(dtype)
     assert rel_err(got_k, ref_k) < tolerance(dtype)
     flat = before.view(2, -1, kv_heads, head_dim)
-    store_rows(flat[0], slots, got_k.reshape(-1, kv_heads, head_dim))
-    store_rows(flat[1], slots, v.reshape(-1, kv_heads, head_dim))
+    store_rows(flat[0], slots, got_k.reshape(-1, kv_heads, head_dim), k_scale)
+    store_rows(flat[1], slots, v.reshape(-1, kv_heads, head_dim), v_scale)
     assert same_bytes(cache, before)  # padding rows (slot -1) stored nothing
-    assert rel_err(cache.float().nan_to_num(), ref_cache.float().nan_to_num()) < tolerance(dtype)
+    got, ref = (dequantized(c, k_scale, v_scale).nan_to_num() for c in (cache, ref_cache))
+    assert rel_err(got, ref) < tolerance(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -173,19 +177,9 @@ def test_scaled_writes_store_what_store_rows_stores():
     q, k, v, qw, kw, pos, cos_sin, cache, slots = qk_norm_rope_case(
         torch.float16, 4, 2, 32, 32, device=DEVICE)
     v.mul_(900)  # past 448 * V_SCALE in places
-    cache = cache.to(FP8)
-    ref_cache = cache.clone()
-    got_q, got_k = qk_norm_rope_cache_write(q, k, v, qw, kw, 1e-6, pos, cos_sin, cache, slots,
-                                            True, K_SCALE, V_SCALE)
-    native_fused(q, k, v, qw, kw, 1e-6, pos, cos_sin, ref_cache, slots, True, K_SCALE, V_SCALE)
-    native_write(got_k.view(-1, 2, 32), v.view(-1, 2, 32), expect := cache.clone().fill_(0),
-                 slots.clamp(min=0), K_SCALE, V_SCALE)
-    valid = (slots >= 0).nonzero().flatten()
-    flat, want = cache.view(2, -1, 2, 32), expect.view(2, -1, 2, 32)
-    assert same_bytes(flat[:, slots[valid]], want[:, slots[valid]])
-    assert rel_err(dequantized(cache, K_SCALE, V_SCALE).nan_to_num(),
-                   dequantized(ref_cache, K_SCALE, V_SCALE).nan_to_num()) < tolerance(
-        torch.float16)
+    assert v.abs().max() > 448 * V_SCALE
+    check_fused_write(q, k, v, qw, kw, pos, cos_sin, cache.to(FP8), slots, True, torch.float16,
+                      K_SCALE, V_SCALE)
 
     rows = torch.randn(40, 48 + 16, generator=torch.Generator().manual_seed(5)).to(DEVICE) * 50
     slots = random_slots(40, 64, seed=6)

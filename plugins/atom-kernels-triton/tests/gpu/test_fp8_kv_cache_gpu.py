@@ -7,7 +7,8 @@ Decode (batch 1 to 256, the preloading grids among them), prefill, extend and mi
 batches, decode with Qwen3's attention input fused in (the kernel and the backend's step),
 and MLA decode equal attention over the dequantized cache and the native backend over the
 same cache (tests/test_fp8_kv_cache_triton.py's checks, at these shapes); and an fp8 decode
-replays from a CUDA graph."""
+replays from a CUDA graph. Each with scales of one, and the writes, decode, mixed batches,
+the fused decode, the graph replay and MLA also with per-layer K/V (latent) scales."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ from atom_kernels_triton.kv_cache import write_kv_cache  # noqa: E402
 from atom_kernels_triton.mla_decode import MLADecodeConfig, mla_num_splits  # noqa: E402
 from test_fp8_kv_cache_triton import (  # noqa: E402
     FP8,
+    K_SCALE,
+    V_SCALE,
     backend_case,
     check_fused_write,
+    dequantized,
     forward_input_case,
     fused_decode_case,
     mla_backend_case,
@@ -49,8 +53,13 @@ def contexts(n, hi, seed):
     return [rng.randint(1, hi) for _ in range(n)]
 
 
+# (k_scale, v_scale): one, and per-layer scales that are not powers of two.
+SCALES = [(1.0, 1.0), (K_SCALE, V_SCALE)]
+
+
+@pytest.mark.parametrize("k_scale,v_scale", SCALES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_kv_write_every_16_bit_value(dtype):
+def test_kv_write_every_16_bit_value(dtype, k_scale, v_scale):
     values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
     width = KV_HEADS * HEAD_DIM
     k = values.cuda().view(-1, width)  # 64 tokens
@@ -61,17 +70,18 @@ def test_kv_write_every_16_bit_value(dtype):
     cache = torch.full((2, (tokens + 32) // 16, 16, KV_HEADS, HEAD_DIM), float("nan"),
                        device="cuda").to(FP8)
     ref = cache.clone()
-    write_kv_cache(k, v, cache, slots)
+    write_kv_cache(k, v, cache, slots, k_scale, v_scale)
     native_write(k.view(tokens, KV_HEADS, HEAD_DIM), v.view(tokens, KV_HEADS, HEAD_DIM), ref,
-                 slots)
+                 slots, k_scale, v_scale)
     nan = ref.float().isnan()
     assert torch.equal(cache.float().isnan(), nan)
     assert torch.equal(cache.view(torch.uint8)[~nan], ref.view(torch.uint8)[~nan])
 
 
+@pytest.mark.parametrize("k_scale,v_scale", SCALES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 37, 2048])
-def test_fused_qk_norm_rope_write(dtype, tokens):
+def test_fused_qk_norm_rope_write(dtype, tokens, k_scale, v_scale):
     g = torch.Generator(device="cuda").manual_seed(tokens)
     width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     qkv = torch.randn(tokens, width, device="cuda", generator=g).to(dtype)
@@ -88,7 +98,8 @@ def test_fused_qk_norm_rope_write(dtype, tokens):
     slots[1::7] = -1
     cache = torch.full((2, num_blocks, 16, KV_HEADS, HEAD_DIM), float("nan"),
                        device="cuda").to(FP8)
-    check_fused_write(q, k, v, qw, kw, pos, cos_sin, cache, slots, True, dtype)
+    check_fused_write(q, k, v, qw, kw, pos, cos_sin, cache, slots, True, dtype, k_scale,
+                      v_scale)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -98,6 +109,12 @@ def test_decode(dtype, block_size, batch):
     hi = 1500 if batch == 256 else 4000
     backend_case([1] * batch, contexts(batch, hi, batch), HEADS, KV_HEADS, HEAD_DIM, block_size,
                  dtype)
+
+
+@pytest.mark.parametrize("batch", [1, 64])  # the preloading grid and the plain one
+def test_decode_with_scales(batch):
+    backend_case([1] * batch, contexts(batch, 4000, batch), HEADS, KV_HEADS, HEAD_DIM, 16,
+                 torch.bfloat16, k_scale=K_SCALE, v_scale=V_SCALE)
 
 
 def test_decode_long_context():
@@ -113,6 +130,11 @@ def test_prefill_extend_and_mixed(dtype, block_size):
                  HEAD_DIM, block_size, dtype)
 
 
+def test_prefill_extend_and_mixed_with_scales():
+    backend_case([300, 1, 77, 129, 1, 16], [300, 900, 77, 1200, 33, 16], HEADS, KV_HEADS,
+                 HEAD_DIM, 16, torch.bfloat16, k_scale=K_SCALE, v_scale=V_SCALE)
+
+
 def test_prefill_long_chunk():
     backend_case([4096, 2048], [4096, 6000], HEADS, KV_HEADS, HEAD_DIM, 16, torch.bfloat16)
 
@@ -123,21 +145,32 @@ def test_fused_decode_kernel(num_splits):
                       torch.bfloat16, num_splits, block_size=16)
 
 
+@pytest.mark.parametrize("num_splits", [1, 32])
+def test_fused_decode_kernel_with_scales(num_splits):
+    fused_decode_case([0, 1, 700, 4097, 33, 2000], HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM,
+                      torch.bfloat16, num_splits, block_size=16, k_scale=K_SCALE,
+                      v_scale=V_SCALE)
+
+
+@pytest.mark.parametrize("k_scale,v_scale", SCALES)
 @pytest.mark.parametrize("batch", [16, 64])  # 4 splits and 1 on an H200: both fused
-def test_backend_decode_step_fused(batch, monkeypatch):
+def test_backend_decode_step_fused(batch, monkeypatch, k_scale, v_scale):
     forward_input_case(contexts(batch, 3000, batch), HEADS, KV_HEADS, HEAD_DIM, torch.bfloat16,
-                       monkeypatch, block_size=16)
+                       monkeypatch, block_size=16, k_scale=k_scale, v_scale=v_scale)
 
 
-def test_decode_replays_from_a_cuda_graph():
+@pytest.mark.parametrize("k_scale,v_scale", SCALES)
+def test_decode_replays_from_a_cuda_graph(k_scale, v_scale):
     """The backend's decode over an fp8 cache captured once, replayed over new lengths and
-    new queries, against fp64 attention over the dequantized cache."""
+    new queries, against fp64 attention over the dequantized cache (the scales are the
+    kernels' arguments at capture: they are fixed once weights are loaded)."""
     lens = [3000, 3000, 3000, 3000]
     meta, cache = paged_batch([1] * 4, lens, 16, KV_HEADS, HEAD_DIM, torch.float32, "cuda")
     cache = torch.randn(cache.shape, device="cuda").mul(4).to(FP8)
     q = torch.randn(4, HEADS * HEAD_DIM, device="cuda").to(torch.bfloat16)
     k = torch.zeros(4, KV_HEADS * HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     backend = TritonAttentionBackend(HEADS, HEAD_DIM, KV_HEADS, HEAD_DIM**-0.5)
+    backend.k_scale, backend.v_scale = k_scale, v_scale
     meta.slot_mapping.fill_(-1)  # the cache is the context: nothing written
     backend.forward(q, k, k, cache, meta)  # warm-up: compiles, allocates the counters
     torch.cuda.synchronize()
@@ -150,28 +183,31 @@ def test_decode_replays_from_a_cuda_graph():
         meta.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
         graph.replay()
-        ref = decode_reference(q.view(4, HEADS, HEAD_DIM), cache, meta.block_tables,
-                               meta.seq_lens, meta.query_start_loc, HEAD_DIM**-0.5)
+        ref = decode_reference(q.view(4, HEADS, HEAD_DIM), dequantized(cache, k_scale, v_scale),
+                               meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                               HEAD_DIM**-0.5)
         assert rel_err(out.view(4, HEADS, HEAD_DIM), ref) < tolerance(torch.bfloat16), (i, new)
 
 
+@pytest.mark.parametrize("kv_scale", [1.0, K_SCALE])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 7, 64])
-def test_mla_decode_kernel(dtype, batch):
+def test_mla_decode_kernel(dtype, batch, kv_scale):
     seq_lens = contexts(batch, 4000, batch)
     if batch > 1:
         seq_lens[0] = 0  # a graph's padding row
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = mla_num_splits(batch, MLA_HEADS, sms, MLADecodeConfig.for_dtype(FP8))
-    mla_kernel_case(seq_lens, MLA_HEADS, RANK, ROPE, 16, dtype, splits)
+    mla_kernel_case(seq_lens, MLA_HEADS, RANK, ROPE, 16, dtype, splits, kv_scale=kv_scale)
 
 
+@pytest.mark.parametrize("kv_scale", [1.0, K_SCALE])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "cached,new",
     [([3, 900, 17, 4000], [1] * 4), ([0, 600, 4, 1500, 3], [200, 7, 1, 1, 40])],
     ids=["decode", "mixed"],
 )
-def test_mla_backend(dtype, cached, new):
+def test_mla_backend(dtype, cached, new, kv_scale):
     # Twice the tolerance, as tests/gpu/test_mla_gpu.py: the two absorb at different points.
-    mla_backend_case(cached, new, 16, dtype, dims=MLA_DIMS, tol=2.0)
+    mla_backend_case(cached, new, 16, dtype, dims=MLA_DIMS, tol=2.0, kv_scale=kv_scale)
