@@ -58,16 +58,26 @@ class AttentionBackend(ABC):
     as ``stored * k_scale``; V likewise with ``v_scale`` (ops/native/kv_cache.py). The
     layer sets the scales once its weights are loaded (kv_scales.py); a backend reads them
     on every call, and ignores them for a cache of any other dtype.
+
+    ``sinks`` (``supports_sinks``): per-head learned logits [num_heads] that join each
+    query row's softmax as one more key with a zero value, so a head may attend to
+    nothing (gpt-oss). ``sliding_window`` (``supports_sliding_window``): a query at
+    position p sees only keys at positions > p - sliding_window. The layer sets them at
+    construction and picks a backend that implements the ones it needs.
     """
 
     accepts_written_cache: bool = False
     cuda_graph_safe: bool = False
     step_graph_safe: bool = False
     fp8_kv_cache: bool = False  # reads and writes a float8_e4m3fn cache with k/v_scale
+    supports_sinks: bool = False
+    supports_sliding_window: bool = False
     # Plain numbers, fixed after loading: kernels take them as arguments, and a captured
     # CUDA graph keeps the values it was captured with (graphs are captured after loading).
     k_scale: float = 1.0
     v_scale: float = 1.0
+    sinks: torch.Tensor | None = None
+    sliding_window: int | None = None
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         self.num_heads = num_heads

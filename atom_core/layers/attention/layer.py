@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from atom_core.errors import UnsupportedError
 from atom_core.layers.attention.backend import AttentionBackend, AttentionInput
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.context import get_build_context, get_forward_context
@@ -14,6 +17,8 @@ from atom_core.layers.norm import RMSNorm
 from atom_core.layers.rotary import RotaryEmbedding
 from atom_core.ops import device_kind
 from atom_core.plugins import get_registries
+
+logger = logging.getLogger(__name__)
 
 
 class _InputModules(NamedTuple):
@@ -24,6 +29,21 @@ class _InputModules(NamedTuple):
     rope: RotaryEmbedding
     q_norm: RMSNorm | None
     k_norm: RMSNorm | None
+
+
+def _lacks(backend: type, sinks: torch.Tensor | None, sliding_window: int | None) -> str:
+    """What of the layer's sinks and sliding window the backend class does not implement."""
+    lacks = [what for what, needed, has in (
+        ("attention sinks", sinks is not None, backend.supports_sinks),
+        ("sliding window", sliding_window is not None, backend.supports_sliding_window),
+    ) if needed and not has]
+    return " or ".join(lacks)
+
+
+@functools.cache
+def _say_native_instead(backend: str, lacks: str) -> None:
+    """Once per process and reason, not once per layer."""
+    logger.info("attention backend %s has no %s: those layers use native", backend, lacks)
 
 
 class Attention(nn.Module):
@@ -42,6 +62,10 @@ class Attention(nn.Module):
     Given ``rope`` (and optionally per-head ``q_norm`` / ``k_norm``), the layer takes q and
     k as the qkv projection made them, with ``positions``: the backend applies the norms,
     RoPE and the cache write, in one kernel where it can (``AttentionBackend.forward_input``).
+
+    ``sinks`` (the model's per-head sink logits, [num_heads]) and ``sliding_window`` are
+    handed to the backend (``AttentionBackend``); where the registry's choice lacks one
+    the layer needs, the layer takes the native backend, and says so.
     """
 
     kind = "mha"
@@ -56,6 +80,8 @@ class Attention(nn.Module):
         rope: RotaryEmbedding | None = None,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
+        sinks: torch.Tensor | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         if (q_norm is None) != (k_norm is None) or (q_norm is not None and rope is None):
@@ -71,8 +97,16 @@ class Attention(nn.Module):
         info = get_registries().attention_backends.resolve(
             self.kind, device_kind(ctx.device), ctx.attention_backend
         )
+        lacks = _lacks(info.cls, sinks, sliding_window)
+        if lacks and ctx.attention_backend is None:
+            _say_native_instead(info.name, lacks)
+            info = get_registries().attention_backends.resolve(
+                self.kind, device_kind(ctx.device), "native")
+        elif lacks:
+            raise UnsupportedError(f"attention backend {info.name!r} has no {lacks}")
         self.backend_name = info.name
         self.backend: AttentionBackend = info.cls(num_heads, head_dim, self.num_kv_heads, scale)
+        self.backend.sinks, self.backend.sliding_window = sinks, sliding_window
         # Not a buffer: the runner owns the cache's memory and its lifetime.
         self.kv_cache: torch.Tensor | None = None
         self.kv_scales_from_checkpoint = False  # see kv_scales.py

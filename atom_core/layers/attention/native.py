@@ -4,6 +4,7 @@ Decodes (one query token) are batched: one padded gather of their blocks and one
 for all of them, whatever else the batch holds. Prefill chunks run one SDPA call per
 sequence, over the new tokens alone when nothing is cached, else over the cached blocks.
 Everything is torch SDPA (fp32 accumulation on CPU); grouped-query heads are never copied.
+A sliding window narrows the masks; sinks join them as one more key (``_add_sinks``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class NativeAttentionBackend(AttentionBackend):
 
     accepts_written_cache = True
     fp8_kv_cache = True
+    supports_sinks = True
+    supports_sliding_window = True
 
     def forward(
         self,
@@ -109,7 +112,10 @@ class NativeAttentionBackend(AttentionBackend):
         num_seqs = q.shape[0]
         group = self.num_heads // self.num_kv_heads
         k, v = self._gather(kv_cache, block_tables, max_len)  # [S, L, kvh, D]
-        mask = torch.arange(max_len, device=q.device) < seq_lens.to(q.device)[:, None]
+        cols, seq_lens = torch.arange(max_len, device=q.device), seq_lens.to(q.device)[:, None]
+        mask = cols < seq_lens
+        if self.sliding_window is not None:  # the query sits at seq_len - 1
+            mask &= cols >= seq_lens - self.sliding_window
         if min_len < max_len:
             # Past a shorter sequence's end lie other data or never-written memory; a NaN
             # there would survive the mask (NaN * 0), so zero it. Only columns >= min_len.
@@ -118,13 +124,11 @@ class NativeAttentionBackend(AttentionBackend):
             v[:, min_len:].masked_fill_(pad, 0)
         # A sequence's query heads sharing one kv head become that head's "query rows".
         qg = q.view(num_seqs, self.num_kv_heads, group, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            qg,
-            k.transpose(1, 2).to(q.dtype),
-            v.transpose(1, 2).to(q.dtype),
-            attn_mask=mask[:, None, None, :],
-            scale=self.scale,
-        )
+        k, v = k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype)
+        mask = mask[:, None, None]
+        if self.sinks is not None:
+            k, v, mask = _add_sinks(k, v, mask, self.sinks.view(1, self.num_kv_heads, group, 1))
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale)
         return out.reshape(num_seqs, self.num_heads, self.head_dim)
 
     def _prefill(
@@ -137,20 +141,37 @@ class NativeAttentionBackend(AttentionBackend):
         length: int,
     ) -> torch.Tensor:
         query_len = q.shape[0]
-        if query_len == length:
-            mask, causal = None, True
-        else:  # a cached prefix: query row r sees keys up to length - query_len + r
+        if query_len < length:  # a cached prefix: attend over the cache
             k, v = self._gather(kv_cache, block_table, length)
-            mask = torch.ones(query_len, length, dtype=torch.bool, device=q.device)
-            mask = mask.tril(diagonal=length - query_len)
-            causal = False
+        k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)
+        v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
+        mask, causal = None, True
+        if query_len < length or self.sliding_window is not None or self.sinks is not None:
+            # Query row r sits at position length - query_len + r.
+            rows = torch.arange(length - query_len, length, device=q.device)[:, None]
+            cols = torch.arange(length, device=q.device)
+            mask, causal = cols <= rows, False
+            if self.sliding_window is not None:
+                mask &= cols > rows - self.sliding_window
+            if self.sinks is not None:
+                k, v, mask = _add_sinks(k, v, mask, self.sinks.view(1, -1, 1, 1))
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),
-            k.transpose(0, 1).unsqueeze(0).to(q.dtype),
-            v.transpose(0, 1).unsqueeze(0).to(q.dtype),
-            attn_mask=mask,
-            is_causal=causal,
+            q.transpose(0, 1).unsqueeze(0), k, v, attn_mask=mask, is_causal=causal,
             scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads,  # torch >= 2.5; no K/V repeat
         )
         return out[0].transpose(0, 1)
+
+
+def _add_sinks(
+    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, sinks: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sinks as one more key: K and V of zeros (its score is 0, its value adds nothing)
+    whose column of the float mask is the head's sink logit, so each row's softmax gains
+    exp(sink) in its denominator. k, v [B, kvh, L, D]; mask bool, broadcasting to the
+    scores [B, heads, Lq, L]; sinks broadcasting to [B, heads, Lq, 1]."""
+    zero = k.new_zeros(*k.shape[:-2], 1, k.shape[-1])
+    shape = torch.broadcast_shapes(mask.shape[:-1], sinks.shape[:-1])
+    bias = torch.zeros(mask.shape, dtype=k.dtype, device=k.device).masked_fill(~mask, -torch.inf)
+    bias = torch.cat((bias.expand(*shape, -1), sinks.to(k.dtype).expand(*shape, 1)), dim=-1)
+    return torch.cat((k, zero), dim=-2), torch.cat((v, zero), dim=-2), bias
