@@ -10,6 +10,7 @@ import pytest
 
 from atom_core.errors import ConfigError
 from atom_core.parsing.chat_encoders import (
+    PROBE_TOOLS,
     JinjaChatEncoder,
     PythonChatEncoder,
     load_chat_encoder,
@@ -22,6 +23,8 @@ from atom_core.parsing.tool_detection import (
     check_tool_call_parser,
     resolve_tool_format,
 )
+from atom_core.plugins import get_registries
+from atom_core.registries import NamedRegistry
 from tests.parsing.shared_templates import template_path
 
 # template -> (tool-call format, reasoning dialect detected, thinking switch keyword)
@@ -37,7 +40,7 @@ EXPECTED = {
     "deepseek_v3_2_dsml_llamacpp": ("dsml", "think", "enable_thinking"),
     "deepseek_r1": (None, "think", None),
     "smollm2": (None, None, None),
-    "gpt_oss": (None, None, None),
+    "gpt_oss": ("harmony", "harmony", None),
 }
 
 
@@ -53,7 +56,8 @@ def test_detection_on_every_vendor_template(name):
 
 @pytest.mark.parametrize(
     "name,inside",
-    [("deepseek_r1", True), ("minimax_m2", True), ("qwen3", False), ("glm4_5", False)],
+    [("deepseek_r1", True), ("minimax_m2", True), ("qwen3", False), ("glm4_5", False),
+     ("gpt_oss", False)],
 )
 def test_whether_output_begins_in_the_channel_is_read_per_request(name, inside):
     enc = load_chat_encoder(template_path(name))
@@ -82,12 +86,32 @@ def test_r1_reasoning_before_the_close_is_reasoning():
     assert (res.reasoning_content, res.content, res.tool_calls) == ("Add them.\n", "\n\n4", [])
 
 
-def test_unsupported_and_missing_formats_are_logged(caplog):
+def test_gpt_oss_reads_its_channels_from_the_start_up_resolution(caplog):
+    enc = load_chat_encoder(template_path("gpt_oss"))
     with caplog.at_level(logging.INFO):
-        parser = ResponseParser.resolve(load_chat_encoder(template_path("gpt_oss")))
-    assert parser.tool_format is None
-    assert "harmony" in caplog.text and "tool calls arrive as text" in caplog.text
-    caplog.clear()
+        parser = ResponseParser.resolve(enc)
+    assert "tool-call format: harmony" in caplog.text
+    assert "reasoning dialect: harmony" in caplog.text
+    prompt = enc.render([{"role": "user", "content": "Weather in Paris?"}], tools=PROBE_TOOLS)
+    reply = (
+        "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary"
+        ' to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+    )
+    res = parser.read_whole(reply, prompt=prompt, tools=PROBE_TOOLS)
+    assert (res.reasoning_content, res.content) == ("Look it up.", "")
+    assert [(c.name, c.arguments) for c in res.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_unsupported_and_missing_formats_are_logged(caplog):
+    # Without a plugin that reads harmony, the gpt-oss template is named, not misread.
+    without = NamedRegistry("tool format")
+    for entry in get_registries().tool_formats.entries():
+        if entry.name != "harmony":
+            without.register(entry.name, entry.obj, entry.dist)
+    probe = render_probe_prompt(load_chat_encoder(template_path("gpt_oss")))
+    choice = resolve_tool_format("auto", probe, without)
+    assert choice.format is None
+    assert "harmony" in choice.reason and "tool calls arrive as text" in choice.reason
     with caplog.at_level(logging.INFO):
         parser = ResponseParser.resolve(load_chat_encoder(template_path("smollm2")))
     assert parser.tool_format is None

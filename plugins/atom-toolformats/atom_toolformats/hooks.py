@@ -6,6 +6,7 @@ from atom_core.hookspecs import hookimpl
 from atom_toolformats.deepseek_v31 import DeepSeekV31Format
 from atom_toolformats.dsml import DsmlFormat
 from atom_toolformats.glm import GlmFormat
+from atom_toolformats.harmony import HarmonyDialect, HarmonyFormat
 from atom_toolformats.hermes import HermesFormat
 from atom_toolformats.kimi import KimiK2Format
 from atom_toolformats.kimi_k3 import KimiK3Dialect, KimiK3Format
@@ -22,8 +23,9 @@ FORMATS = (
     MiniMaxFormat,
     DsmlFormat,
     DeepSeekV31Format,
+    HarmonyFormat,
 )
-DIALECTS = (ThinkDialect, KimiK3Dialect)
+DIALECTS = (ThinkDialect, KimiK3Dialect, HarmonyDialect)
 
 
 @hookimpl
