@@ -8,7 +8,11 @@ transformers/tokenizers, not on atom_core, so it is a fair reference.
 Kinds: "llama", "llama3" (llama3 rope scaling), "llama-tied" (tied embeddings), "qwen3",
 "qwen3_moe" (a dense layer among sparse ones), "deepseek_v2" (MLA without q_lora, grouped
 softmax routing, yarn rope with DeepSeek's mscale), "deepseek_v3" (MLA with q_lora, sigmoid
-routing with a random correction bias, groups, yarn).
+routing with a random correction bias, groups, yarn), "kimi_k2" (DeepSeek-V3 at Kimi-K2's
+shape: 384 experts, 8 a token, one shared, 64 heads, no groups), "glm4_moe" (GLM-4.5: half
+the head rotated, per-head q/k norms, qkv bias, a dense first layer, shared expert, grouped
+sigmoid routing), "glm4_moe_air" (GLM-4.5-Air: no q/k norms, no groups), "minimax_m2"
+(q/k norms over the whole projection, partial RoPE, sigmoid routing, no shared experts).
 """
 
 from __future__ import annotations
@@ -67,12 +71,33 @@ def tiny_config(kind: str) -> Any:
     raise ValueError(f"unknown tiny model kind {kind!r}")
 
 
-_MOE_KINDS = ("qwen3_moe", "deepseek_v2", "deepseek_v3")
+_MOE_KINDS = ("qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe", "glm4_moe_air",
+              "minimax_m2")
+
+
+def _partial_rope_moe_config(kind: str) -> Any:
+    from transformers import Glm4MoeConfig, MiniMaxM2Config
+
+    if kind == "minimax_m2":  # the experts' width is intermediate_size
+        return MiniMaxM2Config(
+            **{**_COMMON, "intermediate_size": 32}, head_dim=32, rotary_dim=16, rope_theta=5e6,
+            num_local_experts=8, num_experts_per_tok=2,
+        )
+    air = kind == "glm4_moe_air"
+    return Glm4MoeConfig(
+        **{**_COMMON, "num_hidden_layers": 3}, head_dim=32, partial_rotary_factor=0.5,
+        rope_theta=1e6, attention_bias=True, use_qk_norm=not air, moe_intermediate_size=32,
+        n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1, n_group=1 if air else 4,
+        topk_group=1 if air else 2, first_k_dense_replace=1, norm_topk_prob=True,
+        routed_scaling_factor=1.0 if air else 2.5,
+    )
 
 
 def _moe_config(kind: str) -> Any:
     from transformers import DeepseekV2Config, DeepseekV3Config, Qwen3MoeConfig
 
+    if kind.startswith("glm4_moe") or kind == "minimax_m2":
+        return _partial_rope_moe_config(kind)
     if kind == "qwen3_moe":
         return Qwen3MoeConfig(
             **{**_COMMON, "num_hidden_layers": 3}, head_dim=32, rope_theta=1e6, num_experts=8,
@@ -93,6 +118,17 @@ def _moe_config(kind: str) -> Any:
             n_shared_experts=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
             routed_scaling_factor=1.5,
             rope_parameters={**yarn, "mscale": 1.0, "mscale_all_dim": 0.707},
+        )
+    if kind == "kimi_k2":  # Kimi-K2-Instruct's routing and head count, tiny widths
+        kimi_yarn = {**yarn, "rope_theta": 50000.0, "factor": 32.0, "beta_fast": 1.0,
+                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+        return DeepseekV3Config(
+            **{**_COMMON, **mla, "num_hidden_layers": 2, "num_attention_heads": 64,
+               "num_key_value_heads": 64, "moe_intermediate_size": 8,
+               "max_position_embeddings": 128 * 32}, q_lora_rank=48,
+            n_routed_experts=384, num_experts_per_tok=8, n_shared_experts=1, n_group=1,
+            topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.827,
+            rope_parameters=kimi_yarn,
         )
     return DeepseekV3Config(
         **{**_COMMON, **mla}, q_lora_rank=48, n_routed_experts=16, num_experts_per_tok=4,
