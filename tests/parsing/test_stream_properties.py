@@ -83,20 +83,32 @@ def format_markers(f: ToolFormat) -> tuple[str, ...]:
     return (*f.START_MARKERS, *f.CALL_SELF_CLOSERS, *f.REGION_END_MARKERS, *f.WRAPPER_CLOSERS)
 
 
+# Formats that wrap every answer in channel framing, which the reader drops: what goes
+# before each answer, after it, and at the end of the message.
+FRAMES = {
+    "kimi_k3": ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|end_of_msg|>"),
+    "harmony": ("<|start|>assistant<|channel|>final<|message|>", "<|end|>", ""),
+}
+
+
 class Builder:
     """Appends segments in the dialect's and format's own spelling."""
 
     def __init__(self, fmt: ToolFormat, dialect: ReasoningDialect | None) -> None:
         self.fmt, self.dialect, self.a = fmt, dialect, Answer()
-        # Kimi-K3 wraps every answer in response framing, which the reader drops.
-        self.framed = fmt.name == "kimi_k3"
+        self.frame = FRAMES.get(fmt.name)
+        self.after_call = False
 
     def text(self, s: str) -> Builder:
-        if self.framed:
-            self.a.add("markup", "<|open|>response<|sep|>")
-        self.a.add("text", s)
-        if self.framed:
-            self.a.add("markup", "<|close|>response<|sep|>")
+        if self.frame:
+            self.a.add("markup", self.frame[0])
+        # Whitespace between a call and more markup joins them and goes with it; framed,
+        # an answer that is only whitespace after a call sits between two frames.
+        joins = self.frame and self.after_call and not s.strip()
+        self.a.add("markup" if joins else "text", s)
+        self.after_call = self.after_call and joins
+        if self.frame:
+            self.a.add("markup", self.frame[1])
         return self
 
     def reason(self, s: str) -> Builder:
@@ -114,6 +126,7 @@ class Builder:
         if cut_after is not None:
             wire = wire[: wire.index(cut_after) + len(cut_after)]
         self.a.add("markup", wire)
+        self.after_call = True
         if dispatched:
             expected = dict(args)
             if cut_after is not None:
@@ -126,8 +139,8 @@ class Builder:
         return self
 
     def done(self, cut: bool = False) -> Answer:
-        if self.framed and not cut:  # max_tokens leaves nothing after the cut
-            self.a.add("markup", "<|end_of_msg|>")
+        if self.frame and not cut:  # max_tokens leaves nothing after the cut
+            self.a.add("markup", self.frame[2])
         return self.a
 
 
