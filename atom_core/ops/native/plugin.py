@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from atom_core.hookspecs import hookimpl
 from atom_core.ops.native.activation import silu_and_mul, silu_and_mul_linear
+from atom_core.ops.native.clamped_swiglu_moe import clamped_swiglu_moe
 from atom_core.ops.native.linear import linear, rms_norm_linear
 from atom_core.ops.native.moe import fused_moe, route
 from atom_core.ops.native.norm import fused_add_rms_norm, rms_norm, rms_norm_quant_fp8
@@ -19,6 +20,7 @@ NATIVE_OPS = {
     "rotary_embedding": rotary_embedding,
     "fused_moe": fused_moe,
     "moe_route": route,
+    "clamped_swiglu_moe": clamped_swiglu_moe,
     "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
     "linear": linear,
     "silu_and_mul_linear": silu_and_mul_linear,
