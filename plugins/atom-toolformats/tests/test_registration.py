@@ -7,5 +7,5 @@ from atom_core.plugins import get_registries
 
 def test_registers_formats_and_dialects():
     reg = get_registries()
-    assert {"hermes", "qwen", "glm"} <= set(reg.tool_formats.names())
-    assert "think" in reg.reasoning_dialects.names()
+    assert {"hermes", "qwen", "glm", "harmony"} <= set(reg.tool_formats.names())
+    assert {"think", "harmony"} <= set(reg.reasoning_dialects.names())
