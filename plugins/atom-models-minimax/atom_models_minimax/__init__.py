@@ -1,0 +1,1 @@
+"""MiniMax-M2 (MiniMaxM2ForCausalLM) for ATOM."""
