@@ -51,8 +51,14 @@ def safetensors_files(path: Path) -> list[Path]:
 
 def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped); a
-    block-FP8 checkpoint's quantized weights dequantized (loader/fp8_blocks.py)."""
-    block = fp8_block_size(SimpleNamespace(quantization_config=_quantization_config(path)))
+    block-FP8 checkpoint's quantized weights dequantized (loader/fp8_blocks.py). An MXFP4
+    checkpoint's tensors come as shipped (``*_blocks``, ``*_scales``): a model that
+    serves MXFP4 (gpt-oss) keeps them packed, any other refuses their names."""
+    quant = _quantization_config(path)
+    if (quant or {}).get("quant_method") == "mxfp4":
+        yield from _iter_files(path)
+        return
+    block = fp8_block_size(SimpleNamespace(quantization_config=quant))
     tensors = _iter_files(path)
     yield from dequantized(tensors, block) if block is not None else tensors
 
