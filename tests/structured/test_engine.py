@@ -104,13 +104,18 @@ def test_a_complete_match_ends_the_sequence_under_ignore_eos(eng):
     assert out["token_ids"][-1] in eng.eos_token_ids  # the EOS the mask left alone
 
 
-def test_preempted_sequences_keep_their_matchers(eng):
-    # A pool too small for all of them: sequences are preempted and recomputed mid-output.
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preempted_sequences_keep_their_matchers(eng, prefix_caching):
+    # A pool too small for all of them: sequences are preempted and recomputed mid-output
+    # (with the prefix cache, partly from their own cached blocks).
     spec = StructuredSpec("regex", REGEX, "guided_regex")
     small = LLMEngine(str(tiny_model_dir("llama")), device="cpu", enable_log_stats=False,
-                      max_model_len=64, num_gpu_blocks_override=16, block_size=4)
+                      max_model_len=64, num_gpu_blocks_override=16, block_size=4,
+                      enable_prefix_caching=prefix_caching)
     outs = small.generate(prompts(12), sampled(spec, 12, max_tokens=60))
     assert small.num_preemptions > 0
+    if prefix_caching:
+        assert small.block_manager.prefix_cache_hits > 0
     # Seeded draws depend on the seed and step count only: the same texts as unpressed.
     alone = eng.generate(prompts(12), sampled(spec, 12, max_tokens=60))
     assert [o["text"] for o in outs] == [o["text"] for o in alone]
