@@ -28,6 +28,8 @@ class SamplingParams:
     ``structured`` constrains the output to a JSON schema, regex, choice or grammar
     (atom_core/structured): each step samples only tokens that keep the text a prefix of
     a match, and the sequence ends ("stop") once the match is complete.
+    ``skip_special_tokens`` False keeps the tokenizer's special tokens in the text (a tool
+    format or reasoning dialect whose markers are special tokens needs them).
     """
 
     temperature: float = 1.0
@@ -46,6 +48,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     structured: StructuredSpec | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop_strings, str):

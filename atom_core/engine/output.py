@@ -118,7 +118,8 @@ class RequestText(IncrementalDetokenizer):
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
         super().__init__(
-            tokenizer, prompt_token_ids, params.stop_strings, params.include_stop_str_in_output
+            tokenizer, prompt_token_ids, params.stop_strings, params.include_stop_str_in_output,
+            params.skip_special_tokens,
         )
 
     def update(

@@ -180,6 +180,18 @@ class ResponseParser:
         dia = resolve_dialect(None, reasoning_dialect, dialects)
         return cls(fmt.format, dia.dialect, f"tool format {fmt.name}, reasoning dialect {dia.name}")
 
+    def special_markers(self, tokenizer: Any) -> list[str]:
+        """The format's and dialect's markers that ``tokenizer`` holds as special tokens
+        (harmony's ``<|channel|>``, say): a reply decoded without its special tokens would
+        reach the reader with them gone, so such requests keep them."""
+        fmt, dia = self.tool_format, self.dialect
+        markers = {
+            *(getattr(fmt, "START_MARKERS", ())), *(getattr(fmt, "CALL_SELF_CLOSERS", ())),
+            *(getattr(fmt, "REGION_END_MARKERS", ())), *(getattr(fmt, "WRAPPER_CLOSERS", ())),
+            *(getattr(dia, "START_MARKERS", ())), *(getattr(dia, "END_MARKERS", ())),
+        }
+        return sorted(markers & special_tokens(tokenizer))
+
     def reader(
         self,
         *,
@@ -205,3 +217,13 @@ class ResponseParser:
         reader.feed(text)
         reader.finish(finish_reason)
         return reader.result()
+
+
+def special_tokens(tokenizer: Any) -> set[str]:
+    """The texts a decode with ``skip_special_tokens`` drops: the named special tokens and
+    every added token marked special."""
+    if tokenizer is None:
+        return set()
+    names = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return names | {t.content for t in added.values() if getattr(t, "special", False)}

@@ -335,10 +335,10 @@ class AnthropicServingMessages:
 
     async def create(self, request: MessagesRequest) -> Response:
         prompt, prompt_ids, tools, show_thinking = await self.prompt(request)
-        params = self.chat.defaults.apply(SamplingParams(
+        params = self.chat.reply_params(self.chat.defaults.apply(SamplingParams(
             temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
             max_tokens=request.max_tokens, stop_strings=request.stop_sequences or None,
-        ), request.model_fields_set)
+        ), request.model_fields_set))
         check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
                       param="messages")
         tool_choice, parallel = None, True

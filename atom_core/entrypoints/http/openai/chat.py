@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,6 +84,7 @@ from atom_core.parsing.response import (
 from atom_core.parsing.tool_detection import check_tool_call_parser
 from atom_core.parsing.tool_policy import ToolPolicy
 from atom_core.parsing.tool_stream import new_call_id
+from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +281,11 @@ class OpenAIServingChat:
             parser = ResponseParser.resolve(encoder)
         self.parser = parser
         self.encoder = encoder
+        special = parser.special_markers(engine.tokenizer)
+        if special:
+            logger.info("the reply's markers %s are special tokens: chat replies are decoded "
+                        "with special tokens kept", ", ".join(special))
+        self.keep_special_tokens = bool(special)
         # OpenAI's "developer" role replaced "system"; a template that never mentions it
         # would drop such a message silently (Qwen's does), so it is sent as "system".
         template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
@@ -293,8 +299,8 @@ class OpenAIServingChat:
         check_model(request.model, self.names)
         prompt, prompt_ids, show_reasoning = await self.render(request)
         # max_tokens null: as many as fit, which the engine's context cap enforces.
-        params = self.defaults.apply(request.to_sampling_params(self.engine.max_model_len),
-                                     request.model_fields_set)
+        params = self.reply_params(self.defaults.apply(
+            request.to_sampling_params(self.engine.max_model_len), request.model_fields_set))
         check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
                       param="messages")
         check_constraint(self.engine, params)
@@ -321,6 +327,12 @@ class OpenAIServingChat:
         if switch is None:
             return {}, enabled
         return switch.kwargs(enabled), True
+
+    def reply_params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` as a chat reply decodes: with the special tokens the reader needs."""
+        if self.keep_special_tokens and params.skip_special_tokens:
+            return replace(params, skip_special_tokens=False)
+        return params
 
     async def render(
         self, request: ChatPrompt, add_generation_prompt: bool = True, max_len: int | None = None

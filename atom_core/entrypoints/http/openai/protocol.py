@@ -242,6 +242,7 @@ class _SamplingRequest(OpenAIRequest):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    skip_special_tokens: bool = True  # vLLM's: False keeps special tokens in the text
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0)
@@ -297,6 +298,7 @@ class _SamplingRequest(OpenAIRequest):
             stop_strings=self.stop,
             stop_token_ids=list(self.stop_token_ids or []),
             include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty,
