@@ -10,7 +10,7 @@ from atom_core.config import Config
 from atom_core.layers.moe import FusedMoE
 from atom_core.loader import load_model
 from atom_core.testing.model_reference import check_against_transformers
-from atom_core.testing.tiny_models import tiny_model_dir
+from atom_core.testing.tiny_models import tiny_config, tiny_model_dir
 
 
 @pytest.mark.parametrize("kind,block_size", [("glm4_moe", 4), ("glm4_moe", 16),
@@ -49,3 +49,26 @@ def test_the_checkpoints_mtp_layer_is_not_loaded():
     assert model.load_weights(iter(extra)) == set()
     with pytest.raises(KeyError, match="matches no parameter"):
         model.load_weights(iter([(f"model.layers.{n - 1}.eh_proj.weight", torch.zeros(1))]))
+
+
+def test_router_chooses_as_transformers_does_within_groups():
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+
+    cfg = tiny_config("glm4_moe")
+    torch.manual_seed(0)
+    hf = Glm4MoeTopkRouter(cfg)
+    with torch.no_grad():
+        hf.weight.normal_()
+        hf.e_score_correction_bias.normal_(0.0, 0.5)  # big enough to change choices
+    ours = Glm4MoeMoE(cfg).gate
+    ours.weight.data.copy_(hf.weight)
+    ours.e_score_correction_bias.data.copy_(hf.e_score_correction_bias)
+    x = torch.randn(64, cfg.hidden_size)
+    _, want_weights, want_ids = hf(x)
+    got_weights, got_ids = ours(x)
+    got_ids, got_order = got_ids.sort(-1)
+    want_ids, want_order = want_ids.sort(-1)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_weights.gather(1, got_order), want_weights.gather(1, want_order))
+    per_group = cfg.n_routed_experts // cfg.n_group  # at most topk_group groups a token
+    assert all(len(set((row // per_group).tolist())) <= cfg.topk_group for row in got_ids)
