@@ -8,9 +8,11 @@ rule that a start marker is not a promise) is done once, by the core's stream en
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from atom_core.errors import UnsupportedError
 
 
 @dataclass
@@ -110,3 +112,22 @@ class ToolFormat:
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         """The text a model would write to call ``name`` (for tests and corpora)."""
         raise NotImplementedError
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        """Lark rules (llguidance's dialect) defining ``calls``: one call of one of
+        ``functions`` (name -> parameters' JSON schema, None for any object), or one or
+        more when ``parallel``, written as this format writes them, so that the format's
+        own reader reads each back with arguments valid under their schema. ``special``:
+        the tokenizer's special tokens; a marker among them is matched as that token
+        (``call_grammar.literal``). What follows ``calls`` is the end of the text.
+
+        tool_choice "required" and named functions are served through this; a format
+        that does not implement it answers those requests with a 400 naming itself."""
+        raise UnsupportedError(f"the {self.name or type(self).__name__} tool-call format "
+                               "cannot force a call")
+
+    def call_grammar(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                     special: Collection[str] = frozenset()) -> str:
+        """A whole grammar: ``call_rules`` from the reply's first byte to its end."""
+        return "start: calls\n" + self.call_rules(functions, parallel, special)

@@ -73,6 +73,7 @@ from atom_core.entrypoints.http.errors import exception_body, validation_body
 from atom_core.entrypoints.http.generation import (
     ChoiceTally,
     EngineJob,
+    check_constraint,
     check_model,
     stream_deltas,
 )
@@ -339,8 +340,6 @@ class AnthropicServingMessages:
             temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
             max_tokens=request.max_tokens, stop_strings=request.stop_sequences or None,
         ), request.model_fields_set))
-        check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
-                      param="messages")
         tool_choice, parallel = None, True
         if request.tool_choice is not None:
             tool_choice = request.tool_choice.model_dump(
@@ -351,6 +350,10 @@ class AnthropicServingMessages:
             self.chat.parser, prompt, tools, tool_choice, show_reasoning=show_thinking,
             make_id=tool_use_id, parallel_tool_calls=parallel,
         )
+        params = self.chat.forced_call(params, reading)
+        check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
+                      param="messages")
+        check_constraint(self.engine, params)
         job = EngineJob(prompt_ids, params, message_id())
         if request.stream:
             return sse_response(self._stream(request, job, reading))

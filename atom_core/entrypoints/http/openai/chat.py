@@ -62,6 +62,7 @@ from atom_core.entrypoints.http.prompt_tokens import PromptTokenizer, off_loop
 from atom_core.entrypoints.http.sse import DONE_FRAME, data_frame, json_response, sse_response
 from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
 from atom_core.generation_defaults import GenerationDefaults
+from atom_core.parsing.call_grammar import forced_call_grammar
 from atom_core.parsing.chat_encoders import (
     ChatEncoder,
     JinjaChatEncoder,
@@ -80,11 +81,13 @@ from atom_core.parsing.response import (
     ParsedResponse,
     ResponseParser,
     ResponseReader,
+    special_tokens,
 )
 from atom_core.parsing.tool_detection import check_tool_call_parser
 from atom_core.parsing.tool_policy import ToolPolicy
 from atom_core.parsing.tool_stream import new_call_id
 from atom_core.sampling_params import SamplingParams
+from atom_core.structured import StructuredSpec
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +289,7 @@ class OpenAIServingChat:
             logger.info("the reply's markers %s are special tokens: chat replies are decoded "
                         "with special tokens kept", ", ".join(special))
         self.keep_special_tokens = bool(special)
+        self.special_tokens = frozenset(special_tokens(engine.tokenizer))
         # OpenAI's "developer" role replaced "system"; a template that never mentions it
         # would drop such a message silently (Qwen's does), so it is sent as "system".
         template = engine.chat_template or getattr(engine.tokenizer, "chat_template", None)
@@ -301,12 +305,13 @@ class OpenAIServingChat:
         # max_tokens null: as many as fit, which the engine's context cap enforces.
         params = self.reply_params(self.defaults.apply(
             request.to_sampling_params(self.engine.max_model_len), request.model_fields_set))
-        check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
-                      param="messages")
-        check_constraint(self.engine, params)
         reading = ReplyReading.build(self.parser, prompt, request.tools, request.tool_choice,
                                      show_reasoning=show_reasoning,
                                      parallel_tool_calls=request.parallel_tool_calls)
+        params = self.forced_call(params, reading)
+        check_request(prompt_ids, params, self.engine.max_model_len, self.engine.vocab_size,
+                      param="messages")
+        check_constraint(self.engine, params)
         rid = random_id("chatcmpl")
         jobs = [
             EngineJob(prompt_ids, choice_params(params, i), f"{rid}-{i}") for i in range(request.n)
@@ -327,6 +332,24 @@ class OpenAIServingChat:
         if switch is None:
             return {}, enabled
         return switch.kwargs(enabled), True
+
+    def forced_call(self, params: SamplingParams, reading: ReplyReading) -> SamplingParams:
+        """``params`` constrained to a call in the model's tool format when the request's
+        tool_choice forces one ("required", Anthropic's "any", a named function); a 400
+        when the format cannot write that grammar, or beside another output constraint."""
+        grammar = forced_call_grammar(
+            self.parser.tool_format, self.parser.dialect, reading.prompt, reading.tools,
+            reading.tool_choice, reading.parallel_tool_calls, self.special_tokens)
+        if grammar is None:
+            return params
+        if params.structured is not None:
+            other = params.structured.param
+            raise InvalidRequestError(
+                f"{other}: a request takes one output constraint, and tool_choice forces a "
+                "tool call", param=other)
+        spec = StructuredSpec("grammar", grammar, "tool_choice")
+        spec.validate()
+        return replace(params, structured=spec)
 
     def reply_params(self, params: SamplingParams) -> SamplingParams:
         """``params`` as a chat reply decodes: with the special tokens the reader needs."""
