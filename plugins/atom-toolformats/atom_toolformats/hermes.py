@@ -11,9 +11,11 @@ is legible once its string closes, so a call in progress is named early.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import PartialStr, RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import ANY_OBJECT, json_item, repeat, seq
 from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -48,3 +50,16 @@ class HermesFormat(ToolFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
         return f"{OPEN}\n{body}\n{CLOSE}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        objects = [
+            {"type": "object",
+             "properties": {"name": {"const": name}, "arguments": schema or ANY_OBJECT},
+             "required": ["name", "arguments"], "additionalProperties": False}
+            for name, schema in functions.items()
+        ]
+        body = objects[0] if len(objects) == 1 else {"anyOf": objects}
+        return (f"calls: {repeat('call', parallel, seq(chr(10), special=special))}\n"
+                f"call: {seq(OPEN + chr(10), special=special)} {json_item(body)} "
+                f"{seq(chr(10) + CLOSE, special=special)}\n")

@@ -17,9 +17,17 @@ are text; the request's schema types them (``"3"`` -> 3 for an integer).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import (
+    properties,
+    repeat,
+    rule_name,
+    seq,
+    value_rule,
+)
 from atom_toolformats._syntax import (
     NAME_WINDOW,
     first_of,
@@ -84,3 +92,23 @@ class QwenCoderFormat(ToolFormat):
             f"<parameter={k}>\n{render_value(v)}\n</parameter>\n" for k, v in arguments.items()
         )
         return f"{OPEN}\n{FN}{name}>\n{params}{FN_CLOSE}\n{WRAP_CLOSE}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        # A text value may hold none of the markers the reader stops a value at.
+        stops = (PARAM_CLOSE, PARAM, FN_CLOSE)
+        rules = [f"calls: {repeat('call', parallel, seq(chr(10), special=special))}",
+                 "call: " + seq(OPEN + "\n", special=special) + " ("
+                 + " | ".join(rule_name("fn", i) for i in range(len(functions))) + ") "
+                 + seq("\n" + WRAP_CLOSE, special=special)]
+        for i, (name, schema) in enumerate(functions.items()):
+            items = []
+            for j, (key, sub, required) in enumerate(properties(schema)):
+                value, rule = value_rule(rule_name(f"v{i}", j), sub, stops)
+                rules.append(rule)
+                item = f"{seq(f'{PARAM}{key}>{chr(10)}', special=special)} {value} " + seq(
+                    f"\n{PARAM_CLOSE}\n", special=special)
+                items.append(item if required else f"({item})?")
+            rules.append(f"{rule_name('fn', i)}: {seq(f'{FN}{name}>{chr(10)}', special=special)} "
+                         f"{' '.join(items)} {seq(FN_CLOSE, special=special)}")
+        return "\n".join(rules) + "\n"
