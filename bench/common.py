@@ -31,6 +31,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v2-lite")
+# Runnable by name (--models), not by default: the families served by their own plugins.
+MORE_MODELS = ("gpt-oss-20b", "glm-4.5-air")
 
 
 # --- the stamp, tables and JSON -------------------------------------------------------------

@@ -44,6 +44,7 @@ from atom_core.config import SchedulerConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     MODELS,
+    MORE_MODELS,
     ROUTINGS,
     WEIGHT_SCHEMES,
     add_quant_args,
@@ -344,7 +345,7 @@ def main() -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS + MORE_MODELS)
     # 16 as well: the kernels switch paths between 1 and 32 rows (the skinny GEMM serves up
     # to 16), which batches 1 and 32 alone would not show.
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16, 32])

@@ -26,6 +26,9 @@ PLUGIN_DISTS = {
     "atom-models-llama",
     "atom-models-qwen",
     "atom-models-deepseek",
+    "atom-models-gptoss",
+    "atom-models-glm",
+    "atom-models-minimax",
     "atom-toolformats",
     "atom-kernels-aiter",
 }
