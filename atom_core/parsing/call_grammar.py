@@ -57,8 +57,20 @@ def json_item(schema: Mapping[str, Any] | None) -> str:
 
 
 def is_text(schema: Mapping[str, Any] | None) -> bool:
-    """Whether an XML-shaped format writes this property's value as bare text."""
-    return isinstance(schema, Mapping) and schema.get("type") == "string"
+    """Whether an XML-shaped format writes this property's value as bare text: where its
+    reader keeps the text as written (coerce.py), because a string is allowed or every
+    allowed value is one."""
+    if not isinstance(schema, Mapping):
+        return False
+    kinds = schema.get("type")
+    if kinds == "string" or (isinstance(kinds, list) and "string" in kinds):
+        return True
+    if isinstance(schema.get("const"), str):
+        return True
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(e, str) for e in enum):
+        return True
+    return any(is_text(sub) for key in ("anyOf", "oneOf") for sub in schema.get(key) or ())
 
 
 def text_terminal(schema: Mapping[str, Any], forbidden: Sequence[str]) -> str:
@@ -81,15 +93,22 @@ def text_terminal(schema: Mapping[str, Any], forbidden: Sequence[str]) -> str:
     return f"{text} & ~/(?s:.*)({alternatives})(?s:.*)/"
 
 
-def value_rule(name: str, schema: Mapping[str, Any], forbidden: Sequence[str]
-               ) -> tuple[str, str]:
-    """(the item, its rule) for one argument value of an XML-shaped format: a string
-    property's bare text (a terminal: ``text_terminal``), any other as JSON."""
-    if is_text(schema):
-        item = name.upper()
-        return item, f"{item}: {text_terminal(schema, forbidden)}"
-    item = name.lower()
-    return item, f"{item}: {json_item(schema)}"
+def value_rule(name: str, schema: Mapping[str, Any], forbidden: Sequence[str], closer: str,
+               special: Collection[str] = ()) -> tuple[str, str]:
+    """(the item, its rules) for one argument value of an XML-shaped format and the
+    ``closer`` after it: a string property's bare text (``text_terminal``), any other as
+    JSON. Text and a plain closer form one terminal: as two lexemes, the text would take
+    the closer's first bytes wherever its length allows (lexemes are greedy)."""
+    if not is_text(schema):
+        item = name.lower()
+        return item, f"{item}: {json_item(schema)} {seq(closer, special=special)}"
+    text = text_terminal(schema, forbidden)
+    if any(s in closer for s in special):
+        item = name.lower()
+        return item, f"{item}: {name.upper()} {seq(closer, special=special)}\n" \
+                     f"{name.upper()}: {text}"
+    item = name.upper()
+    return item, f"{item}: ({text}) {literal(closer)}"
 
 
 def _regex_escape(text: str) -> str:

@@ -104,10 +104,10 @@ class QwenCoderFormat(ToolFormat):
         for i, (name, schema) in enumerate(functions.items()):
             items = []
             for j, (key, sub, required) in enumerate(properties(schema)):
-                value, rule = value_rule(rule_name(f"v{i}", j), sub, stops)
+                value, rule = value_rule(rule_name(f"v{i}", j), sub, stops,
+                                         f"\n{PARAM_CLOSE}\n", special)
                 rules.append(rule)
-                item = f"{seq(f'{PARAM}{key}>{chr(10)}', special=special)} {value} " + seq(
-                    f"\n{PARAM_CLOSE}\n", special=special)
+                item = f"{seq(f'{PARAM}{key}>{chr(10)}', special=special)} {value}"
                 items.append(item if required else f"({item})?")
             rules.append(f"{rule_name('fn', i)}: {seq(f'{FN}{name}>{chr(10)}', special=special)} "
                          f"{' '.join(items)} {seq(FN_CLOSE, special=special)}")
