@@ -50,10 +50,17 @@ NAMED = {"type": "function", "function": {"name": "get_time"}}
 N = 50
 # template -> the format it resolves to, and the kwargs that switch thinking off (a random
 # model never closes a reasoning block: that path is checked on the matcher below).
+# MiniMax-M2's prompt always opens the block: its samples run without the dialect.
 TEMPLATES = {
     "qwen3": ("hermes", {"enable_thinking": False}),
     "qwen3_coder": ("qwen", {}),
+    "deepseek_v3_1": ("deepseek_v31", {"thinking": False}),
+    "kimi_k2": ("kimi", {}),
+    "glm4_5": ("glm", {"enable_thinking": False}),
+    "minimax_m2": ("minimax", {}),
+    "deepseek_v3_2_dsml_llamacpp": ("dsml", {}),
 }
+WITHOUT_DIALECT = {"minimax_m2"}
 
 
 class Case:
@@ -68,7 +75,7 @@ class Case:
         expected, kwargs = TEMPLATES[template]
         assert parser.tool_format is not None and parser.tool_format.name == expected
         self.format: ToolFormat = parser.tool_format
-        self.dialect = resolve_dialect(source).dialect
+        self.dialect = None if template in WITHOUT_DIALECT else resolve_dialect(source).dialect
         self.parser = ResponseParser(self.format, self.dialect)
         self.prompt = self.tokenizer.apply_chat_template(
             USER, tools=TOOLS, add_generation_prompt=True, tokenize=False, **kwargs)
@@ -158,7 +165,7 @@ def test_reasoning_comes_first_and_only_the_call_is_constrained():
     assert not accepts(case, closed, f"<think>\n{thought}\n</think>\n\n{call}")
 
 
-@pytest.mark.parametrize("template", list(TEMPLATES))
+@pytest.mark.parametrize("template", ["qwen3", "qwen3_coder", "glm4_5"])
 def test_required_takes_several_calls_unless_parallel_calls_are_off(template):
     case = Case(template)
     one = case.format.render_call("get_time", {"tz": "UTC", "precise": True})

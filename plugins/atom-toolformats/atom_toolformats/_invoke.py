@@ -3,9 +3,19 @@ and DeepSeek's DSML share (DSML prefixes each tag with ``｜DSML｜``)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from atom_core.parsing import ToolCall
+from atom_core.parsing.call_grammar import (
+    is_text,
+    properties,
+    repeat,
+    rule_name,
+    seq,
+    value_rule,
+)
 from atom_toolformats._syntax import read_attrs, valid_name
 
 
@@ -70,3 +80,30 @@ def read_params(body: str, tags: InvokeTags) -> list[tuple[dict[str, str], str]]
             break
         i = body.find(marker, j + len(tags.param_close))
     return out
+
+
+def invoke_rules(tags: InvokeTags, wrap: tuple[str, str],
+                 functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                 special: Collection[str], typed: bool = False) -> str:
+    """``ToolFormat.call_rules`` for the invoke shape inside its ``wrap`` (opener, closer),
+    one invoke a line; ``typed`` writes DSML's ``string="true"|"false"`` attribute."""
+    stops = (tags.param_close, tags.invoke_close)  # where the reader ends a value
+    rules = []
+    for i, (name, schema) in enumerate(functions.items()):
+        items = []
+        for j, (key, sub, required) in enumerate(properties(schema)):
+            value, rule = value_rule(rule_name(f"v{i}", j), sub, stops,
+                                     tags.param_close + "\n", special)
+            rules.append(rule)
+            kind = f' string="{str(is_text(sub)).lower()}"' if typed else ""
+            head = tags.param + ' name="' + key + '"' + kind + ">"
+            item = f"{seq(head, special=special)} {value}"
+            items.append(item if required else f"({item})?")
+        head = tags.invoke_marker + '"' + name + '">\n'
+        rules.append(f"{rule_name('fn', i)}: {seq(head, special=special)} "
+                     f"{' '.join(items)} {seq(tags.invoke_close, special=special)}")
+    alternatives = " | ".join(rule_name("fn", i) for i in range(len(functions)))
+    nl = seq("\n", special=special)
+    return (f"calls: {seq(wrap[0] + chr(10), special=special)} "
+            f"{repeat('call', parallel, nl)} {seq(chr(10) + wrap[1], special=special)}\n"
+            f"call: {alternatives}\n" + "\n".join(rules) + "\n")

@@ -9,9 +9,11 @@ legible at ``<｜tool▁sep｜>``, before the arguments.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import json_item, repeat, rule_name, seq
 from atom_toolformats._syntax import NAME_WINDOW, json_arguments, read_json, skip_ws, valid_name
 
 CALLS, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -55,3 +57,13 @@ class DeepSeekV31Format(ToolFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{CALLS}{CALL}{name}{SEP}{args}{CALL_END}{CALLS_END}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        fns = [f"{rule_name('fn', i)}: {seq(CALL + name + SEP, special=special)} "
+               f"{json_item(schema)} {seq(CALL_END, special=special)}"
+               for i, (name, schema) in enumerate(functions.items())]
+        alternatives = " | ".join(rule_name("fn", i) for i in range(len(functions)))
+        return (f"calls: {seq(CALLS, special=special)} {repeat('call', parallel)} "
+                f"{seq(CALLS_END, special=special)}\ncall: {alternatives}\n"
+                + "\n".join(fns) + "\n")

@@ -16,10 +16,11 @@ which needs the whole object: its name is legible early, its arguments are not).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import RegionParse, ToolFormat, parse_json_prefix
-from atom_toolformats._invoke import InvokeTags, read_invoke, read_params
+from atom_toolformats._invoke import InvokeTags, invoke_rules, read_invoke, read_params
 from atom_toolformats._syntax import json_arguments, read_json, skip_ws
 
 T = "｜DSML｜"
@@ -79,3 +80,7 @@ class DsmlFormat(ToolFormat):
             for k, v in arguments.items()
         )
         return f'{WRAP}\n{TAGS.invoke_marker}"{name}">\n{params}{TAGS.invoke_close}\n{WRAP_CLOSE}'
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        return invoke_rules(TAGS, (WRAP, WRAP_CLOSE), functions, parallel, special, typed=True)

@@ -12,9 +12,11 @@ The name runs to the first newline or ``<arg_key>``; it is legible before the ar
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import properties, repeat, rule_name, seq, value_rule
 from atom_toolformats._syntax import NAME_WINDOW, first_of, render_value, valid_name
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -70,3 +72,22 @@ class GlmFormat(ToolFormat):
             for k, v in arguments.items()
         )
         return f"{OPEN}{name}\n{pairs}{CLOSE}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        stops = (VALUE_CLOSE, KEY, CLOSE)  # where the reader ends a value
+        rules = []
+        fns = []
+        for i, (name, schema) in enumerate(functions.items()):
+            items = []
+            for j, (key, sub, required) in enumerate(properties(schema)):
+                value, rule = value_rule(rule_name(f"v{i}", j), sub, stops,
+                                         VALUE_CLOSE + "\n", special)
+                rules.append(rule)
+                item = f"{seq(f'{KEY}{key}{KEY_CLOSE}{chr(10)}{VALUE}', special=special)} {value}"
+                items.append(item if required else f"({item})?")
+            fns.append(rule_name("fn", i))
+            rules.append(f"{rule_name('fn', i)}: {seq(OPEN + name + chr(10), special=special)} "
+                         f"{' '.join(items)} {seq(CLOSE, special=special)}")
+        return (f"calls: {repeat('call', parallel, seq(chr(10), special=special))}\n"
+                f"call: {' | '.join(fns)}\n" + "\n".join(rules) + "\n")

@@ -13,9 +13,11 @@ model wrote (``functions.get_weather:0``) is the call's id.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import MAX_PARALLEL_CALLS, json_item, seq
 from atom_toolformats._syntax import json_arguments, read_json, skip_ws, valid_name
 
 SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
@@ -75,3 +77,21 @@ class KimiK2Format(ToolFormat):
     def render_call(self, name: str, arguments: dict[str, Any], index: int = 0) -> str:
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{SECTION}{CALL}functions.{name}:{index}{ARGS}{args}{CALL_END}{SECTION_END}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        # Each call's id counts from 0 (``functions.f:0``, ``functions.g:1``), as the model
+        # writes them: clients key calls by id.
+        count = MAX_PARALLEL_CALLS if parallel else 1
+        rules = []
+        for k in range(count):
+            entries = " | ".join(
+                f"{seq(f'functions.{name}:{k}', ARGS, special=special)} {json_item(schema)}"
+                for name, schema in functions.items())
+            rules.append(f"call_{k}: {seq(CALL, special=special)} ({entries}) "
+                         f"{seq(CALL_END, special=special)}")
+        chain = ""
+        for k in reversed(range(1, count)):
+            chain = f"(call_{k} {chain})?"
+        return (f"calls: {seq(SECTION, special=special)} call_0 {chain} "
+                f"{seq(SECTION_END, special=special)}\n" + "\n".join(rules) + "\n")

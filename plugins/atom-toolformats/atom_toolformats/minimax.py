@@ -15,10 +15,11 @@ value), so text after a call streams; a second ``<invoke`` opens the next region
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import RegionParse, ToolFormat
-from atom_toolformats._invoke import InvokeTags, read_invoke, read_params
+from atom_toolformats._invoke import InvokeTags, invoke_rules, read_invoke, read_params
 from atom_toolformats._syntax import render_value, skip_ws
 
 WRAP, WRAP_CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
@@ -49,3 +50,7 @@ class MiniMaxFormat(ToolFormat):
             for k, v in arguments.items()
         )
         return f'{WRAP}\n{TAGS.invoke_marker}"{name}">\n{params}{TAGS.invoke_close}\n{WRAP_CLOSE}'
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        return invoke_rules(TAGS, (WRAP, WRAP_CLOSE), functions, parallel, special)
