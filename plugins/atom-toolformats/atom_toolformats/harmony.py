@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import ReasoningDialect, RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import json_item, rule_name, seq
 from atom_toolformats._syntax import NAME, first_of, json_arguments, read_json, skip_ws
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -89,6 +91,19 @@ class HarmonyFormat(ToolFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{OPENERS[0]}{FUNCTIONS}{name} <|constrain|>json{MESSAGE}{args}{CALL}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        # One call whatever ``parallel`` says: <|call|> is a stop token, so it ends the
+        # turn. The role opens the message after an analysis one; a reply that begins
+        # with the call has it in the prompt already.
+        fns = [f"{rule_name('fn', i)}: {seq(f'{OPENERS[0]}{FUNCTIONS}{name} ', special=special)} "
+               f"{seq('<|constrain|>json' + MESSAGE, special=special)} {json_item(schema)} "
+               f"{seq(CALL, special=special)}"
+               for i, (name, schema) in enumerate(functions.items())]
+        alternatives = " | ".join(rule_name("fn", i) for i in range(len(functions)))
+        return (f"calls: ({seq(ROLE, special=special)})? call\ncall: {alternatives}\n"
+                + "\n".join(fns) + "\n")
 
 
 def read_body(text: str, start: int, end: int) -> tuple[dict[str, Any], int]:

@@ -13,9 +13,11 @@ assumed (kimi_k3_tokens.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from atom_core.parsing import ReasoningDialect, RegionParse, ToolCall, ToolFormat
+from atom_core.parsing.call_grammar import json_item, repeat, rule_name, seq
 from atom_toolformats import kimi_k3_tokens as tok
 from atom_toolformats._syntax import NAME_WINDOW, json_arguments, read_json, skip_ws, valid_name
 
@@ -52,6 +54,17 @@ class KimiK3Format(ToolFormat):
     def render_call(self, name: str, arguments: dict[str, Any]) -> str:
         args = json.dumps(arguments, ensure_ascii=False)
         return f"{tok.CALL_OPEN}{name}{tok.SEP}{args}{tok.CALL_CLOSE}"
+
+    def call_rules(self, functions: Mapping[str, Mapping[str, Any] | None], parallel: bool,
+                   special: Collection[str] = frozenset()) -> str:
+        # One channel per call, back to back. The message's <|end_of_msg|> is not the
+        # grammar's: the sequence ends once the calls are complete.
+        fns = [f"{rule_name('fn', i)}: {seq(tok.CALL_OPEN + name + tok.SEP, special=special)} "
+               f"{json_item(schema)} {seq(tok.CALL_CLOSE, special=special)}"
+               for i, (name, schema) in enumerate(functions.items())]
+        alternatives = " | ".join(rule_name("fn", i) for i in range(len(functions)))
+        return (f"calls: {repeat('call', parallel)}\ncall: {alternatives}\n"
+                + "\n".join(fns) + "\n")
 
 
 class KimiK3Dialect(ReasoningDialect):
