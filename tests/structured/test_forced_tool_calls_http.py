@@ -1,6 +1,6 @@
 """The request side of forced tool calls: tool_choice required / named / Anthropic's any
-put the format's grammar in the engine request; a format without one, or a second output
-constraint beside it, is a 400 naming the field, before any engine request."""
+put the format's grammar in the engine request; a server without a tool format, or a second
+output constraint beside it, is a 400 naming the field, before any engine request."""
 
 from __future__ import annotations
 
@@ -55,12 +55,24 @@ def test_anthropic_any_sends_the_grammar():
     assert engine.calls[0][1].structured.param == "tool_choice"
 
 
-def test_a_format_without_a_grammar_is_a_400_naming_it():
-    engine, api = app("harmony")  # harmony writes no forced-call grammar
+@pytest.mark.parametrize("tool_format, markers", [
+    ("harmony", ['commentary to=functions.get_time "', '<|call|>"']),
+    ("kimi_k3", ['"<|open|>call<|sep|>get_time<|sep|>"', '"<|close|>call<|sep|>"']),
+])
+def test_channel_formats_send_their_grammar(tool_format, markers):
+    engine, api = app(tool_format)
+    body = {"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": "required"}
+    assert post(api, "/v1/chat/completions", body).status_code == 200
+    spec = engine.calls[0][1].structured
+    assert spec.param == "tool_choice" and all(m in spec.value for m in markers)
+
+
+def test_a_server_without_a_tool_format_is_a_400():
+    engine, api = app("none")
     body = {"model": MODEL, "messages": USER, "tools": TOOLS, "tool_choice": "required"}
     r = post(api, "/v1/chat/completions", body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
-    assert "not supported with the harmony tool-call format" in r.json()["error"]["message"]
+    assert "this server has none" in r.json()["error"]["message"]
     assert not engine.calls
 
 
