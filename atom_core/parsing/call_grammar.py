@@ -29,9 +29,10 @@ ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
 
 def literal(text: str, special: Collection[str] = ()) -> str:
     """``text`` as a Lark item: a special token by name where the tokenizer holds it as
-    one (its bytes never match a string literal), else a string literal."""
+    one (its bytes never match a string literal), else a string literal. llguidance names
+    a special token by its own text, ``<|call|>``."""
     if text in special:
-        return f"<{text}>"
+        return text
     return json.dumps(text, ensure_ascii=False)
 
 
@@ -154,7 +155,7 @@ def reasoning_rules(dialect: ReasoningDialect | None, prompt: str,
         return "", ""
     ends = list(dialect.END_MARKERS)
     ws = '/[ \\t\\r\\n]{0,4}/'
-    if any(e in special for e in ends):
+    if any(p in special for p in split_special(ends, special)):  # Kimi-K3's <|close|>think
         end = "(" + " | ".join(seq(e, special=special) for e in ends) + ")"
         body = f"reasoning_text {end}"
         rules = "reasoning_text: /(?s:.*)/\n"
