@@ -1,9 +1,10 @@
 """tool_choice "required" and a named function force a call in the model's own format.
 
 Each format's grammar (``forced_call_grammar``, from the format the vendor's chat template
-resolves to) constrains 50 seeded samples at temperature 1 on a tiny random model; every
-reply is read back by the format's own reader (the server's ResponseParser) into calls of
-declared functions whose arguments validate against their schemas. The reasoning block in
+resolves to, or the one named where no template is public) constrains 50 seeded samples
+per tool_choice at temperature 1 on a tiny random model; every reply is read back by the
+format's own reader (the server's ResponseParser) into calls of declared functions whose
+arguments validate against their schemas. The reasoning block in
 front of the calls is checked on the matcher, text by text: a random model never writes
 the end marker by chance.
 """
@@ -42,15 +43,18 @@ TIME = {"type": "object",
         "properties": {"tz": {"type": "string", "minLength": 1, "maxLength": 4},
                        "precise": {"type": "boolean"}},
         "required": ["tz", "precise"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "get_time", "parameters": TIME}}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time",
+                                           "parameters": TIME}}]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_time"}}
 N = 50
 # template -> the format it resolves to, and the kwargs that switch thinking off (a random
 # model never closes a reasoning block: that path is checked on the matcher below).
-# MiniMax-M2's prompt always opens the block: its samples run without the dialect.
+# MiniMax-M2's prompt always opens the block, and gpt-oss's and Kimi-K3's leave it optional
+# with no switch: their samples run without the dialect.
 TEMPLATES = {
     "qwen3": ("hermes", {"enable_thinking": False}),
     "qwen3_coder": ("qwen", {}),
@@ -59,31 +63,41 @@ TEMPLATES = {
     "glm4_5": ("glm", {"enable_thinking": False}),
     "minimax_m2": ("minimax", {}),
     "deepseek_v3_2_dsml_llamacpp": ("dsml", {}),
+    "gpt_oss": ("harmony", {}),
 }
-WITHOUT_DIALECT = {"minimax_m2"}
+# Formats whose vendor template is not public (kimi_k3_tokens.py): named, with the tiny
+# tokenizer's own prompt.
+NAMED_FORMATS = {"kimi_k3"}
+WITHOUT_DIALECT = {"minimax_m2", "gpt_oss", "kimi_k3"}
 
 
 class Case:
-    """A vendor template on the tiny byte-level tokenizer: its format, its dialect (None
-    where the template names none) and the rendered prompt."""
+    """A vendor template (or a named format) on the tiny byte-level tokenizer: its format,
+    its dialect (None where the template names none) and the rendered prompt."""
 
     def __init__(self, template: str) -> None:
-        source = template_path(template).read_text()
         self.tokenizer = build_tokenizer()
-        self.tokenizer.chat_template = source
-        parser = ResponseParser.resolve(JinjaChatEncoder(source, {}))
-        expected, kwargs = TEMPLATES[template]
+        if template in NAMED_FORMATS:
+            parser = ResponseParser.from_names(template, template)
+            expected, kwargs, dialect = template, {}, parser.dialect
+        else:
+            source = template_path(template).read_text()
+            self.tokenizer.chat_template = source
+            parser = ResponseParser.resolve(JinjaChatEncoder(source, {}))
+            (expected, kwargs), dialect = TEMPLATES[template], resolve_dialect(source).dialect
         assert parser.tool_format is not None and parser.tool_format.name == expected
         self.format: ToolFormat = parser.tool_format
-        self.dialect = None if template in WITHOUT_DIALECT else resolve_dialect(source).dialect
+        self.own_dialect = dialect  # what the server reads with
+        self.dialect = None if template in WITHOUT_DIALECT else dialect
         self.parser = ResponseParser(self.format, self.dialect)
         self.prompt = self.tokenizer.apply_chat_template(
             USER, tools=TOOLS, add_generation_prompt=True, tokenize=False, **kwargs)
 
-    def grammar(self, tool_choice, parallel: bool = True, prompt: str | None = None) -> str:
-        grammar = forced_call_grammar(self.format, self.dialect, self.prompt if prompt is None
-                                      else prompt, TOOLS, tool_choice, parallel,
-                                      special_tokens(self.tokenizer))
+    def grammar(self, tool_choice, parallel: bool = True, prompt: str | None = None,
+                dialect=None) -> str:
+        grammar = forced_call_grammar(self.format, dialect or self.dialect,
+                                      self.prompt if prompt is None else prompt, TOOLS,
+                                      tool_choice, parallel, special_tokens(self.tokenizer))
         assert grammar is not None
         return grammar
 
@@ -122,7 +136,7 @@ def assert_valid(case: Case, outs: list[dict], tool_choice, parallel: bool) -> l
     return every
 
 
-@pytest.mark.parametrize("template", list(TEMPLATES))
+@pytest.mark.parametrize("template", [*TEMPLATES, *NAMED_FORMATS])
 def test_required_and_named_samples_are_all_valid_calls(eng, template):
     case = Case(template)
     outs = sample(eng, [case.grammar("required", parallel=False), case.grammar(NAMED)])
@@ -176,6 +190,59 @@ def test_required_takes_several_calls_unless_parallel_calls_are_off(template):
     assert accepts(case, case.grammar("required", parallel=False), one)
     assert not accepts(case, case.grammar("required", parallel=False), two)
     assert not accepts(case, case.grammar(NAMED), two)
+
+
+# The reasoning block in each format's own spelling (harmony's call is a new message),
+# and the markers its vendor's tokenizer holds as special tokens.
+THOUGHTS = {
+    "gpt_oss": ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant",
+                ["<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|call|>",
+                 "<|end|>"]),
+    "kimi_k3": ("<|open|>think<|sep|>", "<|close|>think<|sep|>",
+                ["<|open|>", "<|close|>", "<|sep|>"]),
+}
+
+
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("template", list(THOUGHTS))
+def test_a_channel_format_reasons_first_and_its_calls_read_back(template, special):
+    case = Case(template)
+    opener, closer, markers = THOUGHTS[template]
+    if special:  # then the grammar must match each marker as its one token
+        case.tokenizer.add_tokens(markers, special_tokens=True)
+        assert all(len(case.tokenizer.encode(m, add_special_tokens=False)) == 1
+                   for m in markers)
+    call = case.format.render_call("get_time", {"tz": "UTC", "precise": True})
+    grammar = case.grammar("required", dialect=case.own_dialect)
+    thought = "Need the time."
+    if not special:  # as special tokens, these would be markup rather than prose
+        thought += " <|channel|>commentary to=functions.x and <|open|>call are prose."
+    assert accepts(case, grammar, call)  # the block is optional
+    assert accepts(case, grammar, f"{opener}{thought}{closer}{call}")
+    assert not accepts(case, grammar, f"{opener}{thought}{closer}No call.")
+    parsed = ResponseParser(case.format, case.own_dialect).read_whole(
+        f"{opener}{thought}{closer}{call}", prompt=case.prompt, tools=TOOLS,
+        tool_choice="required")
+    assert parsed.reasoning_content == thought
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
+        ("get_time", {"tz": "UTC", "precise": True})]
+
+
+def test_harmony_writes_one_call_and_kimi_k3_several():
+    one, two = ({"tz": "UTC", "precise": True}, {"city": "Rome", "days": 2})
+    harmony = Case("gpt_oss")
+    call = harmony.format.render_call("get_time", one)
+    # <|call|> is a stop token: a turn holds one call even with parallel calls on.
+    assert accepts(harmony, harmony.grammar("required"), call)
+    assert not accepts(harmony, harmony.grammar("required"), call + "<|start|>assistant"
+                       + harmony.format.render_call("get_weather", two))
+    kimi = Case("kimi_k3")
+    calls = kimi.format.render_call("get_time", one) + kimi.format.render_call(
+        "get_weather", two)
+    assert kimi.calls(calls, "required") == [("get_time", one), ("get_weather", two)]
+    assert accepts(kimi, kimi.grammar("required"), calls)
+    assert not accepts(kimi, kimi.grammar("required", parallel=False), calls)
+    assert not accepts(kimi, kimi.grammar(NAMED), calls)
 
 
 def test_a_named_call_refuses_the_other_function_and_bad_arguments():
