@@ -9,8 +9,10 @@ objects, an array of objects, enums, an integer range, a pattern) whose ``items`
 many entries, so that every sequence is still inside the JSON when the timed tokens end
 and the batch stays whole; unconstrained ones run with ignore_eos to the same length.
 TPOT = (latency - TTFT) / (tokens - 1) per request, averaged over the batch; the runs
-alternate (without, with) ``--repeats`` times and the median of each side is reported.
-The ratio is the constrained step's cost over the plain one's (target: at most 1.10).
+alternate (without, with) ``--repeats`` times and the best of each side is reported: on a
+shared VM another process's burst only ever adds time, and the best run is the one it
+missed (every run is in the JSON). The ratio is the constrained step's cost over the
+plain one's (target: at most 1.10).
 """
 
 from __future__ import annotations
@@ -103,10 +105,10 @@ def main() -> None:
             assert all(o["num_tokens_output"] == args.output_len for o in outs), \
                 "a constrained sequence ended early: the batch shrank"
             with_.append(mean_tpot(outs))
-        a, b = statistics.median(without), statistics.median(with_)
+        a, b = min(without), min(with_)
         results[bs] = {"tpot_without_s": without, "tpot_with_s": with_, "ratio": b / a}
         rows.append([bs, f"{1e3 * b:.1f}", f"{1e3 * a:.1f}", f"{b / a:.3f}"])
-    print(f"SmolLM2-135M {args.dtype} on CPU, {args.output_len} greedy tokens, median of "
+    print(f"SmolLM2-135M {args.dtype} on CPU, {args.output_len} greedy tokens, best of "
           f"{args.repeats}; first constrained request {first_constraint_s:.2f} s")
     print(markdown_table(["batch", "engine with constraint TPOT ms",
                           "engine without TPOT ms", "ratio"], rows))
