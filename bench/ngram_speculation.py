@@ -15,6 +15,7 @@ the tokens a verifying forward emitted on average.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -60,7 +61,10 @@ def bench_atom(texts: list[str], bs: int, method: str | None) -> dict:
             "weight_bytes": weights}
 
 
-def bench_hf(texts: list[str], bs: int, lookup: int | None) -> dict:
+@functools.cache
+def hf_model() -> tuple:
+    """transformers' tokenizer and model of the embedded GGUF, loaded once (a GGUF load
+    dequantizes every tensor: ~35 s on a 2-core VM)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from atom_core.loader import embedded_model_path
@@ -71,6 +75,11 @@ def bench_hf(texts: list[str], bs: int, lookup: int | None) -> dict:
     tok.pad_token = tok.pad_token or tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                  dtype=torch.float32).eval()
+    return tok, model
+
+
+def bench_hf(texts: list[str], bs: int, lookup: int | None) -> dict:
+    tok, model = hf_model()
     prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                        add_generation_prompt=True) for t in texts]
     enc = tok((prompts * bs)[:bs], return_tensors="pt", padding=True, add_special_tokens=False)
