@@ -18,6 +18,7 @@ import pickle
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,9 @@ from atom_core.distributed.state import tensor_parallel
 from atom_core.errors import EngineDeadError
 
 logger = logging.getLogger(__name__)
+
+# After a failed collective: how long to wait for a worker's exit, to name the rank that died.
+COLLECTIVE_FAILURE_WAIT_S = 1.0
 
 
 def free_port() -> int:
@@ -73,15 +77,22 @@ class RankWorkers:
             broadcast(message)
         except RuntimeError as exc:  # a peer closed its connections
             self.broken = True
-            self.check()
+            self.check(wait=COLLECTIVE_FAILURE_WAIT_S)
             raise EngineDeadError(f"a tensor-parallel rank is gone: {exc}") from None
 
-    def check(self) -> None:
-        """EngineDeadError naming the first of these workers that exited."""
-        for rank, proc in zip(self.ranks, self.procs):
-            code = proc.poll()
-            if code is not None:
-                raise EngineDeadError(f"tensor-parallel rank {rank} died (exit code {code})")
+    def check(self, wait: float = 0.0) -> None:
+        """EngineDeadError naming the first of these workers that exited, waiting up to
+        ``wait`` seconds for one to: a collective that failed saw a peer's sockets close,
+        which can come just before that peer's exit status exists."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, proc in zip(self.ranks, self.procs):
+                code = proc.poll()
+                if code is not None:
+                    raise EngineDeadError(f"tensor-parallel rank {rank} died (exit code {code})")
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
 
     def wait(self) -> int:
         """Wait for every worker to exit; the first non-zero exit code, else 0."""

@@ -206,14 +206,19 @@ class EngineClient:
                 raise ConfigError(f"the {name} did not start in time")
 
     async def shutdown(self) -> None:
+        # After an engine death the processes are on their way out, or stuck there (a
+        # broken tensor-parallel group): they are not waited for long.
+        dead = self.dead_reason is not None
         for replica in self.replicas:
-            if replica.process.is_alive():
+            if replica.process.is_alive() and not dead:
                 try:
-                    await replica.out.send(encoder.encode(Control("shutdown")))
+                    # Not waiting: a PUSH socket whose peer has closed its end would block
+                    # this send forever.
+                    await replica.out.send(encoder.encode(Control("shutdown")), zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
         for replica in self.replicas:
-            await asyncio.to_thread(replica.process.join, 10)
+            await asyncio.to_thread(replica.process.join, 1 if dead else 10)
             if replica.process.is_alive():
                 replica.process.kill()
         for reader in self._readers:

@@ -16,7 +16,7 @@ from atom_core.config import Config
 from atom_core.distributed.dp_attention import Lockstep, check_has_moe, join_dp_attention
 from atom_core.distributed.launch import launched_rank, node_ranks, rendezvous
 from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
-from atom_core.distributed.workers import RankWorkers, stop_workers
+from atom_core.distributed.workers import COLLECTIVE_FAILURE_WAIT_S, RankWorkers, stop_workers
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
@@ -464,7 +464,7 @@ class LLMEngine:
             return self.runner.execute(batch)
         except RuntimeError:  # a collective whose peer is gone
             self.workers.broken = True
-            self.workers.check()
+            self.workers.check(wait=COLLECTIVE_FAILURE_WAIT_S)
             raise
 
     def print_mtp_statistics(self) -> None:
