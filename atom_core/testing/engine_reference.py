@@ -70,6 +70,33 @@ def check_prompt_logprobs(hf: Any, ps: list[list[int]], outs: list[dict], top: i
             assert [t for t, _ in last.top] == ref[-1].topk(top).indices.tolist()
 
 
+def check_engine_against_transformers(path: Any, hf_path: Any = None) -> Any:
+    """The family check through the real LLMEngine on the checkpoint at ``path`` (with
+    transformers' model from ``hf_path``, default the same): greedy tokens for the shared
+    prompts identical to transformers' generate with prefix caching and chunked prefill on
+    (every block freed after, the prefix cache hit), then on a fresh engine prompt
+    logprobs within 1e-4. Returns the first engine, for checks of the caller's own."""
+    from atom_core.engine.llm_engine import LLMEngine
+    from atom_core.sampling_params import SamplingParams
+
+    hf = hf_model(hf_path or path)
+    ps = prompts(hf.config.vocab_size)
+
+    def engine() -> Any:
+        return LLMEngine(str(path), enable_log_stats=False, device="cpu",
+                         **SETTINGS["chunked_prefill"])
+
+    eng = engine()
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    eng.generate([warm_prefix(ps)], params)
+    assert [o["token_ids"] for o in eng.generate(ps, params)] == hf_greedy(hf, ps)
+    assert eng.block_manager.num_free_blocks == eng.runner.num_blocks
+    assert eng.block_manager.prefix_cache_hit_rate > 0
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5, logprobs=5)
+    check_prompt_logprobs(hf, ps, engine().generate(ps, params))
+    return eng
+
+
 def staggered_generate(engine: Any, prompts: list[list[int]], params: list[Any],
                        every: int) -> list[list[int]]:
     """Each request's token ids, the requests arriving one per ``every`` engine steps, so

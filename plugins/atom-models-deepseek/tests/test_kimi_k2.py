@@ -16,18 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from atom_core import LLMEngine, SamplingParams
 from atom_core.layers.moe import FusedMoE
 from atom_core.loader import architecture, build_model, hf_dir
-from atom_core.testing.engine_reference import (
-    NEW_TOKENS,
-    SETTINGS,
-    check_prompt_logprobs,
-    hf_greedy,
-    hf_model,
-    prompts,
-    warm_prefix,
-)
+from atom_core.testing.engine_reference import check_engine_against_transformers
 from atom_core.testing.model_reference import check_against_transformers
 from atom_core.testing.tiny_models import tiny_model_dir
 
@@ -44,33 +35,21 @@ def test_kimi_k2_matches_transformers():
 
 
 @pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    """(the checkpoint as Moonshot ships it, prompts, transformers' greedy tokens, HF model)."""
+def shipped(tmp_path_factory) -> Path:
+    """The tiny checkpoint as Moonshot ships it: model_type kimi_k2 and an auto_map."""
     path = tiny_model_dir("kimi_k2")
     shipped = tmp_path_factory.mktemp("kimi") / "Kimi-K2-tiny"
     shutil.copytree(path, shipped)
     config = json.loads((path / "config.json").read_text())
     config.update(model_type="kimi_k2", auto_map=AUTO_MAP)
     (shipped / "config.json").write_text(json.dumps(config, indent=2))
-    hf = hf_model(path)
-    ps = prompts(hf.config.vocab_size)
-    return shipped, ps, hf_greedy(hf, ps), hf
+    return shipped
 
 
 @pytest.mark.slow
-def test_greedy_tokens_identical_to_transformers(kimi):
-    shipped, ps, expected, hf = kimi
-    engine = LLMEngine(str(shipped), enable_log_stats=False, device="cpu",
-                       **SETTINGS["chunked_prefill"])
+def test_greedy_tokens_identical_to_transformers(shipped):
+    engine = check_engine_against_transformers(shipped, hf_path=tiny_model_dir("kimi_k2"))
     assert engine.runner.attention_backend_name == "native_mla"
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    engine.generate([warm_prefix(ps)], params)
-    assert [o["token_ids"] for o in engine.generate(ps, params)] == expected
-    assert engine.block_manager.prefix_cache_hit_rate > 0
-    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5, logprobs=5)
-    fresh = LLMEngine(str(shipped), enable_log_stats=False, device="cpu",
-                      **SETTINGS["chunked_prefill"])
-    check_prompt_logprobs(hf, ps, fresh.generate(ps, params))
 
 
 def test_real_config_builds_to_its_published_size():
