@@ -16,6 +16,17 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def min_over_ranks(value: int) -> int:
+    """The least of the tensor-parallel ranks' ``value`` (over the control group: a host
+    number, and no data collective that a rank could be capturing)."""
+    tp = tensor_parallel()
+    if tp.size == 1 or tp.dp_attention:
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.control)
+    return int(t)
+
+
 def all_gather_last(x: torch.Tensor) -> torch.Tensor:
     """The ranks' ``x`` side by side along the last dimension, rank 0 first."""
     tp = tensor_parallel()

@@ -19,6 +19,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from atom_core.distributed.workers import RankWorkers, free_port
 from atom_core.errors import ConfigError
 
@@ -67,6 +69,30 @@ def node_ranks(par: Any, node_rank: int) -> range:
     return range(node_rank * per_node, (node_rank + 1) * per_node)
 
 
+def check_devices(par: Any, device: torch.device) -> None:
+    """On GPUs each of a node's ranks takes its own (NCCL runs one rank a device): a
+    ConfigError where the node has fewer."""
+    if device.type != "cuda":
+        return
+    per_node = par.tensor_parallel_size // par.nnodes
+    count = torch.cuda.device_count()
+    if per_node > count:
+        raise ConfigError(f"-tp {par.tensor_parallel_size} over {par.nnodes} node(s) runs "
+                          f"{per_node} ranks a node, one GPU each, but CUDA sees {count} "
+                          "here (CUDA_VISIBLE_DEVICES): lower -tp or add nodes")
+
+
+def rank_device(device: torch.device, local: int) -> torch.device:
+    """The device of the node's rank ``local``: its GPU (made current), or the CPU."""
+    if device.type != "cuda":
+        return device
+    if local >= torch.cuda.device_count():
+        raise ConfigError(f"this node's rank {local} needs GPU {local}, but CUDA sees "
+                          f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES)")
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
 def rendezvous(par: Any) -> str:
     """The group's meeting point: --master-addr/--master-port (or their environment
     variables); a free loopback port where there is one node and no port is given."""
@@ -105,4 +131,4 @@ def run_launched(config: Any, launched: LaunchedRank) -> int:
     logger.info("rank %d of %d (started by the launcher) joining env://", launched.rank,
                 launched.world_size)
     return run_rank(launched.rank, launched.world_size, "env://", config,
-                    par.enable_expert_parallel)
+                    par.enable_expert_parallel, launched.local_rank)

@@ -14,9 +14,19 @@ import torch
 
 from atom_core.config import Config
 from atom_core.distributed.dp_attention import Lockstep, check_has_moe, join_dp_attention
-from atom_core.distributed.launch import launched_rank, node_ranks, rendezvous
-from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
-from atom_core.distributed.workers import COLLECTIVE_FAILURE_WAIT_S, RankWorkers, stop_workers
+from atom_core.distributed.launch import (
+    check_devices,
+    launched_rank,
+    node_ranks,
+    rank_device,
+    rendezvous,
+)
+from atom_core.distributed.state import (
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+    tensor_parallel,
+)
+from atom_core.distributed.workers import BUILD_RUNNER, COLLECTIVE_FAILURE_WAIT_S, RankWorkers
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
@@ -80,7 +90,7 @@ def _stop_workers(workers: RankWorkers) -> None:
     if workers.broken:  # a collective failed: another could wait forever, so none is tried
         workers.close(timeout=0)
     else:
-        stop_workers()
+        workers.stop()
         workers.close()
     destroy_tensor_parallel()
 
@@ -146,13 +156,12 @@ class LLMEngine:
 
     def _start_workers(self) -> RankWorkers | None:
         """With ``-tp`` N > 1: this node's other ranks started, and the group joined as rank
-        0 (the other nodes' ranks join it from their own ``atom serve --node-rank``)."""
+        0 (the other nodes' ranks join it from their own ``atom serve --node-rank``). On
+        GPUs each rank takes its own, this one the node's first (``self.device``)."""
         par = self.config.parallel_config
         if par.tensor_parallel_size == 1:
             return None
-        if self.device.type != "cpu":
-            raise ConfigError("--tensor-parallel-size > 1 runs on CPU (gloo) so far; GPU "
-                              "workers are not built yet: use --device cpu or -tp 1")
+        check_devices(par, self.device)
         launched = launched_rank(par)
         if launched is not None and launched.rank != 0:
             raise ConfigError(f"this process is rank {launched.rank} of a launched group "
@@ -166,13 +175,26 @@ class LLMEngine:
                                   par.tensor_parallel_size, rendezvous(par),
                                   par.enable_expert_parallel)
         try:
-            init_tensor_parallel(0, workers.size, workers.init_method,
+            self.device = rank_device(self.device, launched.local_rank if launched else 0)
+            init_tensor_parallel(0, workers.size, workers.init_method, self.device,
                                  expert_parallel=workers.expert_parallel)
         except BaseException:
             workers.close(timeout=0)
             raise
+        if self.device.type == "cuda":
+            workers.watch(self._worker_died)
         self._finalizer = weakref.finalize(self, _stop_workers, workers)
         return workers
+
+    @staticmethod
+    def _worker_died(rank: int, code: int) -> None:
+        """From the workers' watch: end the NCCL collective waiting on the dead rank (the
+        step then fails, and the engine with it)."""
+        logger.error("tensor-parallel rank %d died (exit code %d): aborting the group",
+                     rank, code)
+        group = tensor_parallel().group
+        if group is not None:
+            group.abort()
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (also done when the engine is collected
@@ -205,9 +227,9 @@ class LLMEngine:
         if config.speculative_config.method is not None:
             ctx = ProposerContext(config, loaded.model, self.hf_config, self.device, self.dtype)
             self.speculator = Speculator(config, self.max_model_len, ctx)
+        if self.workers is not None:  # the ranks plan the cache and capture graphs together
+            self.workers.send(BUILD_RUNNER)
         self.runner = ModelRunner(config, loaded, self.device, self.dtype, self.speculator)
-        if self.workers is not None:  # every rank's cache holds the same blocks
-            self.workers.send(self.runner.num_blocks)
         capacity = self.runner.num_blocks * config.cache_config.block_size
         if capacity < self.max_model_len:
             raise ConfigError(
@@ -461,11 +483,15 @@ class LLMEngine:
             return self.runner.execute(batch)
         self.workers.send(batch)
         try:
-            return self.runner.execute(batch)
+            out = self.runner.execute(batch)
         except RuntimeError:  # a collective whose peer is gone
             self.workers.broken = True
             self.workers.check(wait=COLLECTIVE_FAILURE_WAIT_S)
             raise
+        if self.workers.broken:  # an aborted NCCL group: this step's tokens are not sound
+            self.workers.check(wait=COLLECTIVE_FAILURE_WAIT_S)
+            raise EngineDeadError("a tensor-parallel rank is gone")
+        return out
 
     def print_mtp_statistics(self) -> None:
         """Print speculative decoding's acceptance statistics (the guide's MTP statistics)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 
 from atom_core.config import Config
+from atom_core.distributed.collectives import min_over_ranks
 from atom_core.engine.annotations import annotate
 from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.cuda_graphs import CudaGraphRunner
@@ -190,7 +191,8 @@ class ModelRunner(SpeculativeSteps):
             used_by_others = total - free
             budget = (int(total * cache.gpu_memory_utilization) - used_by_others
                       - self._activation_reserve())
-        blocks = min(ceiling, budget // per_block)
+        # Every tensor-parallel rank's cache holds the same blocks: the least any GPU fits.
+        blocks = min_over_ranks(min(ceiling, budget // per_block))
         if blocks < 1:
             raise RuntimeError(
                 f"no memory left for the KV cache ({per_block} bytes per block); "

@@ -77,14 +77,62 @@ def test_a_dead_worker_fails_the_engine_and_none_is_left_behind():
     assert worker.poll() == 0  # stopped when asked
 
 
-def test_tensor_parallel_on_a_gpu_is_refused_by_name(monkeypatch):
+def test_more_ranks_than_gpus_is_one_error_before_any_worker_starts(monkeypatch):
     import torch
 
     import atom_core.engine.llm_engine as llm_engine
 
     monkeypatch.setattr(llm_engine, "resolve_device", lambda name: torch.device("cuda"))
-    with pytest.raises(ConfigError, match="runs on CPU .gloo. so far"):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    started = []
+    monkeypatch.setattr(RankWorkers, "__init__", lambda self, *a, **k: started.append(a))
+    with pytest.raises(ConfigError, match="-tp 2 over 1 node.s. runs 2 ranks a node, one GPU "
+                                          "each, but CUDA sees 1"):
         LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
+    assert started == []
+
+
+def _agree(rank: int, init_method: str, value: int, out) -> None:
+    from atom_core.distributed.collectives import min_over_ranks
+    from atom_core.distributed.state import destroy_tensor_parallel, init_tensor_parallel
+
+    init_tensor_parallel(rank, 2, init_method)
+    out.put((rank, min_over_ranks(value)))
+    destroy_tensor_parallel()
+
+
+def test_ranks_agree_on_the_least_kv_blocks_any_of_them_fits(tmp_path):
+    """Each rank plans its cache from its own GPU's free memory; all keep the least."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init = f"file://{tmp_path / 'rendezvous'}"
+    procs = [ctx.Process(target=_agree, args=(r, init, v, out)) for r, v in ((0, 700), (1, 300))]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    assert got == {0: 300, 1: 300}
+
+
+def test_a_gpu_workers_death_is_seen_without_a_collective():
+    """NCCL does not notice a dead peer: rank 0 watches its workers' processes."""
+    import subprocess
+    import sys
+    import threading
+
+    workers = RankWorkers.__new__(RankWorkers)
+    workers.ranks = [1]
+    workers.procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])]
+    workers.broken = False
+    workers._closing = threading.Event()
+    seen = []
+    died = threading.Event()
+    workers.watch(lambda rank, code: (seen.append((rank, code)), died.set()))
+    assert died.wait(5)
+    assert seen == [(1, 0)] and workers.broken
 
 
 @pytest.mark.slow
