@@ -5,7 +5,9 @@ sandboxed environment with ``trim_blocks``/``lstrip_blocks``, loop controls, and
 usual ``raise_exception``, ``strftime_now`` and HTML-safe-free ``tojson``), or a
 model-side Python encoder, ``<model>/encoding/encoding_*.py``, which is how DeepSeek-V4
 ships its. A Jinja template ignores a keyword it does not read; a Python encoder raises
-TypeError, so its signature is read once and only what it takes is passed.
+TypeError, so its signature is read once and only what it takes is passed. Both take
+``continue_final_message`` as transformers' ``apply_chat_template`` does
+(``render_continuing``).
 
 The probes, run once at start-up:
 
@@ -37,9 +39,13 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from atom_core.errors import ConfigError
+from atom_core.errors import ConfigError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
+
+# transformers' own marker, so a prompt rendered here ends where apply_chat_template(
+# continue_final_message=True) ends the same template's.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 class ChatEncoder(ABC):
@@ -53,9 +59,48 @@ class ChatEncoder(ABC):
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
         ...
+
+
+def render_continuing(
+    render: Callable[[list[dict[str, Any]]], str], messages: Sequence[Mapping[str, Any]]
+) -> str:
+    """``render(messages)`` cut where the final message's content ends, so that the model
+    continues that message (a prefilled reply): what the template writes after it (its
+    end-of-turn marker) is left out. As transformers does it: a marker is appended to the
+    content and the text is cut at the marker's last occurrence (``rfind``), or just
+    before the whitespace the template trimmed off the content. A template that does not
+    write the final content as sent is a 400: there is no place to cut."""
+    messages = [dict(m) for m in messages]
+    content = messages[-1].get("content") if messages else None
+    if not isinstance(content, str):
+        raise InvalidRequestError(
+            "continue_final_message needs the final message to have text content",
+            param="messages",
+        )
+    messages[-1]["content"] = content + _CONTINUE_TAG
+    text = render(messages)
+    at = text.rfind(_CONTINUE_TAG.strip())
+    if at < 0 or content.strip() not in text[:at]:
+        raise InvalidRequestError(
+            "continue_final_message: the chat template does not write the final message's "
+            "content as sent, so the prompt cannot end inside it",
+            param="messages",
+        )
+    if text.startswith(_CONTINUE_TAG, at):
+        return text[:at]
+    return text[:at].rstrip()
+
+
+def _check_prompt_ending(add_generation_prompt: bool, continue_final_message: bool) -> None:
+    if add_generation_prompt and continue_final_message:
+        raise ValueError(
+            "continue_final_message and add_generation_prompt cannot both be true: one opens "
+            "a new assistant turn, the other continues the final message"
+        )
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -106,12 +151,20 @@ class JinjaChatEncoder(ChatEncoder):
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"chat template does not compile: {exc}") from exc
 
-    def render(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> str:
+    def render(self, messages, tools=None, add_generation_prompt=True,
+               continue_final_message=False, **kwargs) -> str:
+        _check_prompt_ending(add_generation_prompt, continue_final_message)
         context = {"bos_token": "", "eos_token": "", **self.special_tokens, **kwargs}
-        return self._template.render(
-            messages=list(messages), tools=list(tools) if tools else None,
-            add_generation_prompt=add_generation_prompt, **context,
-        )
+
+        def render(messages: list[dict[str, Any]]) -> str:
+            return self._template.render(
+                messages=messages, tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt, **context,
+            )
+
+        if continue_final_message:
+            return render_continuing(render, messages)
+        return render(list(messages))
 
 
 class PythonChatEncoder(ChatEncoder):
@@ -140,7 +193,13 @@ class PythonChatEncoder(ChatEncoder):
     def takes(self, name: str) -> bool:
         return self._takes_any or name in self._names
 
-    def render(self, messages, tools=None, add_generation_prompt=True, **kwargs) -> str:
+    def render(self, messages, tools=None, add_generation_prompt=True,
+               continue_final_message=False, **kwargs) -> str:
+        _check_prompt_ending(add_generation_prompt, continue_final_message)
+        if continue_final_message:
+            return render_continuing(
+                lambda ms: self.render(ms, tools, add_generation_prompt, **kwargs), messages
+            )
         messages = [dict(m) for m in messages]
         kw = {k: v for k, v in kwargs.items() if self.takes(k)}
         ignored = sorted(set(kwargs) - set(kw))

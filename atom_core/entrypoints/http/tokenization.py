@@ -2,9 +2,9 @@
 
 /tokenize takes a completion prompt, ``{"prompt": TEXT, "add_special_tokens": true}``, or
 chat messages, ``{"messages": [...], "add_generation_prompt": true, "add_special_tokens":
-false}`` with the ``tools``, ``chat_template_kwargs`` and thinking switches of
-/v1/chat/completions; ``return_token_strs`` adds each token's string. It answers
-``{count, max_model_len, tokens, token_strs}``. The chat form renders through
+false}`` with the ``continue_final_message``, ``tools``, ``chat_template_kwargs`` and
+thinking switches of /v1/chat/completions; ``return_token_strs`` adds each token's string.
+It answers ``{count, max_model_len, tokens, token_strs}``. The chat form renders through
 ``OpenAIServingChat.render``, the path /v1/chat/completions takes, so its count is that
 request's ``usage.prompt_tokens``; the completion form encodes as /v1/completions does.
 A prompt past the context is counted, not refused, as vLLM counts it: a client asks to
@@ -43,7 +43,7 @@ from atom_core.parsing.chat_encoders import PythonChatEncoder
 UNBOUNDED = sys.maxsize
 # vLLM's chat-form fields this server does not implement; each would change the prompt,
 # so a value that asks for something is a 400 rather than a count of another prompt.
-UNSUPPORTED_CHAT = ("continue_final_message", "chat_template")
+UNSUPPORTED_CHAT = ("chat_template",)
 
 # ---------------------------------------------------------------------------- requests
 
@@ -71,6 +71,7 @@ class TokenizeChatRequest(_TokenizerRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     add_special_tokens: bool = False  # the template writes them
     return_token_strs: bool = False
     tools: list[ToolDict] | None = None
@@ -136,9 +137,7 @@ class ServingTokenization:
                     raise InvalidRequestError(
                         f"{name} is not supported by this server; leave it out", param=name
                     )
-            text, ids, _ = await self.chat.render(
-                request, request.add_generation_prompt, max_len=UNBOUNDED
-            )
+            text, ids, _ = await self.chat.render(request, max_len=UNBOUNDED)
             if request.add_special_tokens:  # on top of those the template wrote, as vLLM does
                 ids = await off_loop(self._encode, text, True, "messages")
         else:

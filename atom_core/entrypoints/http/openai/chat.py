@@ -97,7 +97,7 @@ _RESERVED_KWARGS = frozenset(
     {
         "conversation", "messages", "chat_template", "tools", "documents", "tokenize",
         "padding", "truncation", "max_length", "return_tensors", "return_dict",
-        "return_assistant_tokens_mask", "tokenizer_kwargs",
+        "return_assistant_tokens_mask", "tokenizer_kwargs", "continue_final_message",
     }
 )  # fmt: skip
 
@@ -201,9 +201,35 @@ class ChatPrompt(Protocol):
     messages: list[ChatMessage]
     tools: list[dict[str, Any]] | None
     chat_template_kwargs: dict[str, Any] | None
+    add_generation_prompt: bool
+    continue_final_message: bool
 
     @property
     def thinking_requested(self) -> bool | None: ...
+
+
+def prompt_ending(request: ChatPrompt) -> dict[str, bool]:
+    """The template kwargs that end the prompt (vLLM's request fields): the generation
+    prompt, an assistant turn opened for the reply (``add_generation_prompt``, default
+    true), or the final assistant message left open for the model to continue
+    (``continue_final_message``: a prefilled reply). Asking for both, as vLLM refuses it,
+    or continuing a message that is not the assistant's, is a 400."""
+    if not request.continue_final_message:
+        return {"add_generation_prompt": request.add_generation_prompt}
+    if request.add_generation_prompt:
+        raise InvalidRequestError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True "
+            "(`add_generation_prompt` defaults to true: send it as false)",
+            param="continue_final_message",
+        )
+    role = request.messages[-1].role
+    if role != "assistant":
+        raise InvalidRequestError(
+            f"`continue_final_message` continues the final message, which must be the "
+            f"assistant's; it is {role!r}",
+            param="continue_final_message",
+        )
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 @dataclass(frozen=True)
@@ -358,14 +384,13 @@ class OpenAIServingChat:
         return params
 
     async def render(
-        self, request: ChatPrompt, add_generation_prompt: bool = True, max_len: int | None = None
+        self, request: ChatPrompt, max_len: int | None = None
     ) -> tuple[str, list[int], bool]:
         """The prompt's text and token ids, and whether reasoning reaches the client.
         A client's own chat_template_kwargs win over the thinking knobs. A prompt of
         ``max_len`` tokens is refused (default: the context; /tokenize counts past it)."""
         thinking_kwargs, show_reasoning = self.thinking(request.thinking_requested)
-        kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt,
-                                  **thinking_kwargs}
+        kwargs: dict[str, Any] = {**prompt_ending(request), **thinking_kwargs}
         extra = request.chat_template_kwargs or {}
         kwargs.update({k: v for k, v in extra.items() if k not in _RESERVED_KWARGS})
         text, ids = await off_loop(self._render_request, request, kwargs, max_len)
@@ -405,6 +430,8 @@ class OpenAIServingChat:
                     messages, chat_template=self.engine.chat_template, tokenize=False,
                     tools=tools, **kwargs,
                 )
+        except InvalidRequestError:  # the encoder's own (render_continuing's)
+            raise
         except Exception as exc:
             # The template rendered at start-up; what it refuses now is these messages
             # (raise_exception("roles must alternate"), a missing key, ...).

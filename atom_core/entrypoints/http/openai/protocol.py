@@ -333,6 +333,10 @@ class ChatCompletionRequest(_SamplingRequest):
     # The reader's ToolPolicy ("none" without tools); an object names a function.
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool = True  # False: at most one call dispatched (ToolPolicy.parallel)
+    # vLLM's: how the prompt ends (chat.prompt_ending). A new assistant turn opened for the
+    # reply, or the final assistant message continued (a prefill; needs the former false).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     # The thinking switch in the spellings clients send: Qwen/DashScope's top-level
     # enable_thinking, and {"type": "enabled" | "disabled"} (Anthropic, DeepSeek, Kimi).
