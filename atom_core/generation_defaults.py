@@ -1,4 +1,4 @@
-"""The server's defaults for what a request leaves out: the model's recommended sampling
+"""The defaults for what a request leaves out: the model's recommended sampling
 (``--generation-config``, as vLLM has it).
 
 A request that sets none of temperature, top_p, top_k, min_p, repetition_penalty or
@@ -7,6 +7,11 @@ max_tokens gets the model's values for them from its ``generation_config.json``
 the file leaves out keeps the API's default (temperature 1, top_p 1, top_k and min_p off,
 repetition_penalty 1, max_tokens 256). A field sent as ``null`` counts as left out, except
 max_tokens, where null means "as many as fit".
+
+One resolution and one merge (``GenerationDefaults.resolve`` and ``apply``) serve the
+server's routes, ``LLMEngine.get_default_sampling_params`` (what ``generate`` and
+``add_request`` use when given no SamplingParams) and the ``atom generate`` / ``atom chat``
+flags, whose own defaults (greedy, 128 tokens) take the API's place.
 
 ``--generation-config``:
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
@@ -38,6 +39,7 @@ from atom_core.engine.stats import StatsLogger
 from atom_core.engine.step_results import PendingStep, StepOutput
 from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
+from atom_core.generation_defaults import GenerationDefaults
 from atom_core.loader import load_model
 from atom_core.loader.hub import resolve_model
 from atom_core.sampling_params import SamplingParams
@@ -278,6 +280,21 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------------------
 
+    @functools.cached_property
+    def generation_defaults(self) -> GenerationDefaults:
+        """The model's sampling defaults under ``--generation-config``, resolved as the
+        server resolves them; on first use, since the server's engine process never asks."""
+        mc = self.config.model_config
+        defaults = GenerationDefaults.resolve(mc.generation_config, mc.model)
+        logger.info("default sampling: %s", defaults.describe())
+        return defaults
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """A new SamplingParams with the model's generation config over SamplingParams'
+        own defaults (nothing over them with ``--generation-config none``): what
+        ``generate`` and ``add_request`` use when given no SamplingParams."""
+        return self.generation_defaults.apply(SamplingParams(), frozenset())
+
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -310,13 +327,13 @@ class LLMEngine:
     ) -> list[str]:
         """Queue prompts (text or token ids); returns their request ids. Each passes
         ``check_request`` before any is queued, so a bad one rejects the call and queues
-        nothing."""
+        nothing. No SamplingParams: ``get_default_sampling_params()``."""
         prompts = (
             [prompt_or_tokens_list] if isinstance(prompt_or_tokens_list, str)
             else list(prompt_or_tokens_list)
         )
         if sampling_params_list is None:
-            sampling_params_list = SamplingParams()
+            sampling_params_list = self.get_default_sampling_params()
         params = (
             [sampling_params_list] * len(prompts)
             if isinstance(sampling_params_list, SamplingParams)
@@ -649,7 +666,8 @@ class LLMEngine:
         prompts: Seq[str | list[int]] | str,
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[dict[str, Any]]:
-        """Run prompts to completion; one output dict per prompt, in order."""
+        """Run prompts to completion; one output dict per prompt, in order. No
+        SamplingParams: ``get_default_sampling_params()``."""
         rids = self.add_request(prompts, sampling_params)
         reqs = [self._requests[r] for r in rids]
         while not all(r.seq.is_finished for r in reqs):

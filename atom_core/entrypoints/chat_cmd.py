@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if engine.loaded.chat_template is None:
         raise ConfigError("this model has no chat template; `atom generate --raw` takes "
                           "a raw prompt")
-    chat = Chat(engine, generate_cmd.sampling_params(args), args.system)
+    chat = Chat(engine, generate_cmd.sampling_params(args, engine), args.system)
     if sys.stdin.isatty():
         print(f"chatting with {engine.loaded.source}; /help lists the commands, Ctrl-D ends")
     return repl(chat, _terminal_reader(), sys.stdout, sys.stderr)

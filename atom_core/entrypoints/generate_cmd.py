@@ -14,11 +14,21 @@ if TYPE_CHECKING:
     from atom_core.sampling_params import SamplingParams
 
 
+# What a sampling flag left out falls back to when the model's generation config
+# (--generation-config) does not set it either: greedy, replies of a terminal's length.
+SAMPLING_DEFAULTS: dict[str, float | int] = {"temperature": 0.0, "top_p": 1.0, "max_tokens": 128}
+_FROM_MODEL = "default: the model's generation config, else"
+
+
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """The flags ``atom generate`` and ``atom chat`` share: sampling and start-up logging."""
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p.add_argument("--max-tokens", type=int, default=128, help="most tokens in a reply")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's mass")
+    """The flags ``atom generate`` and ``atom chat`` share: sampling and start-up logging.
+    A sampling flag given wins; one left out takes the model's generation config."""
+    p.add_argument("--temperature", type=float, default=None,
+                   help=f"0: greedy ({_FROM_MODEL} 0)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"most tokens in a reply ({_FROM_MODEL} 128)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help=f"nucleus sampling's mass ({_FROM_MODEL} 1)")
     p.add_argument("--verbose", "-v", action="store_true", help="log engine start-up")
 
 
@@ -45,12 +55,16 @@ def start_engine(args: argparse.Namespace) -> LLMEngine:
     return EngineArgs.from_cli_args(args).create_engine()
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
+def sampling_params(args: argparse.Namespace, engine: LLMEngine) -> SamplingParams:
+    """The flags given, field by field over the model's generation config, merged as the
+    server merges a request's fields (``GenerationDefaults.apply``), over
+    ``SAMPLING_DEFAULTS``."""
     from atom_core.sampling_params import SamplingParams
 
-    return SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, top_p=args.top_p
-    )
+    given = {name for name in SAMPLING_DEFAULTS if getattr(args, name) is not None}
+    flags = {name: getattr(args, name) if name in given else value
+             for name, value in SAMPLING_DEFAULTS.items()}
+    return engine.generation_defaults.apply(SamplingParams(**flags), given)
 
 
 def stream(
@@ -86,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.raw and engine.loaded.chat_template is not None:
         prompt = engine.apply_chat_template([{"role": "user", "content": prompt}])
     try:
-        stream(engine, prompt, sampling_params(args), sys.stdout)
+        stream(engine, prompt, sampling_params(args, engine), sys.stdout)
     except KeyboardInterrupt:  # Ctrl-C: what was written stays; no traceback
         sys.stdout.write("\n")
         return 130

@@ -54,8 +54,9 @@ def test_atom_generate_streams_each_step_to_stdout(monkeypatch):
     out = Recorder(counter)
     monkeypatch.setattr(sys, "stdout", out)
     model = str(tiny_model_dir("llama"))
+    # greedy, to compare with generate() below (the model's generation config samples)
     assert main(["generate", "Hello", "--model", model, "--max-tokens", "12", "--device", "cpu",
-                 "--no-enable-log-stats"]) == 0
+                 "--no-enable-log-stats", "--temperature", "0"]) == 0
     writes = [(i, steps) for i, (kind, _, steps) in enumerate(out.events) if kind == "write"]
     assert len(writes) >= 3, out.events
     first_step = writes[0][1]
