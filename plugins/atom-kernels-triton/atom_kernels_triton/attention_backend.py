@@ -11,6 +11,12 @@ An fp8 (float8_e4m3fn) cache is written as the native backend writes it (over th
 k_scale / v_scale, saturated to e4m3's range) and read as attention over the dequantized
 cache (each tile converted to the query's dtype, the scales folded into the softmax scale
 and the output).
+
+Attention sinks and sliding windows (gpt-oss) are kernel arguments, the layer's sink
+logits tensor and window length, so graphs replay them; both kernels compile them in only
+for the layers that have them (constexpr flags), so other layers run the kernels as they
+were. The decode kernel's splits divide only the window's keys, and the sinks join the
+denominator where the splits merge.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class TritonAttentionBackend(AttentionBackend):
     step_graph_safe = True
     accepts_written_cache = True
     fp8_kv_cache = True
+    supports_sinks = True
+    supports_sliding_window = True
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         super().__init__(num_heads, head_dim, num_kv_heads, scale)
@@ -73,11 +81,12 @@ class TritonAttentionBackend(AttentionBackend):
             paged_decode_attention(
                 q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
                 self.scale, splits, seq_idx=decodes, k_scale=self.k_scale,
-                v_scale=self.v_scale,
+                v_scale=self.v_scale, sinks=self.sinks, sliding_window=self.sliding_window,
             )
         paged_prefill_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills,
             meta.max_query_len, out, self.scale, self.k_scale, self.v_scale,
+            sinks=self.sinks, sliding_window=self.sliding_window,
         )
         return out.view(num_tokens, -1)
 
@@ -115,7 +124,8 @@ class TritonAttentionBackend(AttentionBackend):
         paged_decode_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
             self.scale, splits, new_tokens=new, fresh=meta.new_rows_per_seq,
-            k_scale=self.k_scale, v_scale=self.v_scale,
+            k_scale=self.k_scale, v_scale=self.v_scale, sinks=self.sinks,
+            sliding_window=self.sliding_window,
         )
         return out.view(num_tokens, -1)
 

@@ -63,10 +63,13 @@ def _counters(device: torch.device, needed: int) -> torch.Tensor:
 
 @triton.jit
 def _merge_splits(
-    po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask,
+    po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask, sink,
     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Weights every written split by its share of the total softmax mass, in split order.
+    With HAS_SINKS, ``sink`` ([BLOCK_H], base 2 like the lse) joins that mass as one more
+    split whose output is zero.
 
     A fixed order makes the result independent of which program arrives last. Loads go
     through L2 (.cg): the partials were written by other SMs.
@@ -83,9 +86,13 @@ def _merge_splits(
         o = tl.load(po_ptr + parts, mask=smask[:, :, None] & omask[:, None, :], other=0.0,
                     cache_modifier=".cg")
     m = tl.max(lse, axis=1)
+    if HAS_SINKS:
+        m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)  # an empty sequence (padding row): all zero
     w = tl.exp2(lse - m[:, None])
     total = tl.sum(w, axis=1)
+    if HAS_SINKS:
+        total += tl.exp2(sink - m)
     if BLOCK_S <= 4:
         acc = tl.sum(o * w[:, :, None], axis=1)
     else:
@@ -160,13 +167,14 @@ def _decode_kernel(
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
     po_ptr, plse_ptr, count_ptr,
-    sm_scale, block_size, head_dim, fresh, v_scale, k_inv, v_inv,
+    sm_scale, block_size, head_dim, fresh, v_scale, k_inv, v_inv, sinks_ptr, window,
     kn_ptr, kn_stride, vn_ptr, vn_stride, qw_ptr, kw_ptr, eps, pos_ptr, cs_ptr, cs_stride,
     rot_dim, slot_ptr,
     NUM_SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr, PRELOAD: tl.constexpr,
     FUSED_INPUT: tl.constexpr, IS_NEOX: tl.constexpr, PDL: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """FUSED_INPUT: q_ptr and kn_ptr/vn_ptr are the qkv projection's raw output. Every
     program norms and rotates its query heads itself; the program whose split holds the
@@ -181,7 +189,12 @@ def _decode_kernel(
     Before ``pdl_wait`` every program reads the batch metadata and its first tile's block
     table entries; the preloading grids also the tile itself. The loop then reads each next
     tile's block table entries one iteration ahead: read in the iteration that uses them,
-    they cost a dependent round trip per tile, and Triton's pipeliner does not hoist them."""
+    they cost a dependent round trip per tile, and Triton's pipeliner does not hoist them.
+
+    HAS_WINDOW: the query (token seq_len - 1) sees only the last ``window`` tokens, and the
+    splits divide those alone. HAS_SINKS: each query head's ``sinks_ptr`` logit joins its
+    softmax denominator - in the one split's normalization, or in the merge of the splits.
+    Without them the kernel is the one compiled before either existed."""
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -198,8 +211,14 @@ def _decode_kernel(
         seq_len = tl.load(seq_lens_ptr + s)
     row = tl.load(qsl_ptr + s).to(tl.int64)  # this sequence's query row in the flat batch
     # Split length rounded to whole tiles; splits past the context end do no work.
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    if HAS_WINDOW:
+        # Keys before the window: no split covers them.
+        lo = tl.maximum(seq_len - window, 0)
+        split_len = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = lo + split * split_len
+    else:
+        split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -243,7 +262,10 @@ def _decode_kernel(
     # merge (at 576 tokens, 23 of 32 splits are empty); split 0 stays for an empty sequence,
     # to merge its zeros. The other grids keep structured control flow: this early return
     # slowed them (Qwen3-8B at batch 32, 2 splits).
-    n_active = tl.cdiv(seq_len, tl.maximum(split_len, 1))
+    if HAS_WINDOW:
+        n_active = tl.cdiv(seq_len - lo, tl.maximum(split_len, 1))
+    else:
+        n_active = tl.cdiv(seq_len, tl.maximum(split_len, 1))
     if PRELOAD:
         if split >= tl.maximum(n_active, 1):
             return
@@ -282,6 +304,14 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         rows = next_rows
 
+    if HAS_SINKS:
+        # exp(sink) in the softmax's base-2 units: the split's scores were scaled by log2(e).
+        sink = tl.load(sinks_ptr + heads, mask=hmask, other=float("-inf")).to(tl.float32)
+        sink = sink * 1.4426950408889634
+    if HAS_SINKS and NUM_SPLITS == 1:
+        # The sink's share of the denominator, relative to this row's max as l_sum is (an
+        # empty context: max 0, and the row is zero).
+        l_sum += tl.exp2(sink - tl.where(m == float("-inf"), 0.0, m))
     safe_l = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / safe_l[:, None]
     if v_ptr.dtype.element_ty == tl.float8e4nv:
@@ -311,8 +341,8 @@ def _decode_kernel(
         tl.debug_barrier()
         counter = count_ptr + b * tl.num_programs(1) + kvh
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
-            _merge_splits(po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask, BLOCK_H,
-                          BLOCK_S, BLOCK_D)
+            _merge_splits(po_ptr, plse_ptr, part0, n_active, out_ptrs, hmask, omask,
+                          sink if HAS_SINKS else m, BLOCK_H, BLOCK_S, BLOCK_D, HAS_SINKS)
             tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
@@ -362,15 +392,21 @@ def paged_decode_attention(
     fresh: int = 1,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    sinks: torch.Tensor | None = None,  # [H] per-head logits joining each softmax
+    sliding_window: int | None = None,  # the query sees only its sequence's last this many
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
-    an fp8 cache's K and V read times ``k_scale`` and ``v_scale``.
+    an fp8 cache's K and V read times ``k_scale`` and ``v_scale``. ``sinks`` and
+    ``sliding_window`` as ``AttentionBackend`` defines them; fixed per layer, they are
+    launch arguments, so a captured graph replays them.
 
     With ``new_tokens``, q is the raw projection output and the kernel also does Qwen3's
     attention input (see ``_decode_kernel``); the result equals running
     ``qk_norm_rope_cache_write`` first. Without it, the cache already holds the new K/V.
     ``fresh``: how many of each context's last rows the step writes (the newest; more where
     a sequence's drafts are decode rows of their own): none is read before the PDL wait."""
+    if sinks is not None and sinks.stride(0) != 1:
+        raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     num_seqs = seq_idx.shape[0] if seq_idx is not None else seq_lens.shape[0]
@@ -413,11 +449,13 @@ def paged_decode_attention(
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
         out, out.stride(0), out.stride(1), po, plse, counters,
-        scale, block_size, head_dim, fresh, v_scale, 1.0 / k_scale, 1.0 / v_scale, *extra,
+        scale, block_size, head_dim, fresh, v_scale, 1.0 / k_scale, 1.0 / v_scale,
+        sinks if sinks is not None else q, sliding_window or 0, *extra,
         NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
         PRECISION=precision, PRELOAD=preload, FUSED_INPUT=fused,
         IS_NEOX=new_tokens.is_neox if fused else True,
+        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None,
         num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )

@@ -56,11 +56,12 @@ def _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot,
 
 @triton.jit
 def _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
-            stride_blk, stride_slot, kv_head_off, offs_d, dmask,
+            stride_blk, stride_slot, kv_head_off, offs_d, dmask, window,
             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-            PAD_D: tl.constexpr, PRECISION: tl.constexpr):
-    """Online softmax over keys [lo, hi); MASKED applies the causal and length masks. K/V
-    are computed on in q's dtype, whatever the cache holds."""
+            PAD_D: tl.constexpr, PRECISION: tl.constexpr, WINDOW: tl.constexpr):
+    """Online softmax over keys [lo, hi); MASKED applies the causal and length masks, and
+    with WINDOW the sliding window's (keys > q_pos - window). K/V are computed on in q's
+    dtype, whatever the cache holds."""
     for n0 in range(lo, hi, BLOCK_N):
         kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
         ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
@@ -79,13 +80,21 @@ def _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
         if MASKED:
             # Keys past hi are past every real row's position; loaded as zeros, they reach
             # only the rows past q_len, which are never stored.
-            qk = tl.where(offs_n[None, :] <= q_pos[:, None], qk * qk_scale, float("-inf"))
+            visible = offs_n[None, :] <= q_pos[:, None]
+            if WINDOW:
+                visible &= offs_n[None, :] > q_pos[:, None] - window
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
         else:
             qk = qk * qk_scale
-        # Every row sees a key in its first tile (see the caller), so m stays finite.
+        # Without a window every row sees a key in its first tile (see the caller), so m
+        # stays finite. A window's masked tiles may hide every key from a row: while its
+        # max is -inf, it subtracts 0, so its p and rescale are 0, not NaN.
         m_new = tl.maximum(m, tl.max(qk, axis=1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
+        m_ref = m_new
+        if MASKED and WINDOW:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(qk - m_ref[:, None])
+        alpha = tl.exp2(m - m_ref)
         l_sum = l_sum * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
@@ -98,11 +107,14 @@ def _prefill_kernel(
     k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
-    sm_scale, v_scale,
+    sm_scale, v_scale, sinks_ptr, window,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
+    """HAS_WINDOW: a query at position p sees keys in (p - window, p]. HAS_SINKS: head h's
+    ``sinks_ptr`` logit joins each of its rows' softmax denominators. Without them the
+    kernel is the one compiled before either existed."""
     h = tl.program_id(0)
     s = tl.load(seq_idx_ptr + tl.program_id(1))
     if s < 0:  # padding: a captured step's unused prompt capacity
@@ -137,13 +149,32 @@ def _prefill_kernel(
     first = ctx + mblk * BLOCK_M
     lo = first // BLOCK_N * BLOCK_N
     hi = tl.minimum(seq_len, first + BLOCK_M)  # causal: no key past the last query
-    acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, 0, lo, q_pos, qk_scale,
-                            stride_blk, stride_slot, kv_head_off, offs_d, dmask,
-                            PAGE, BLOCK_N, False, BLOCK_D != HEAD_DIM, PRECISION)
+    if HAS_WINDOW:
+        # Keys before the first row's window are no row's: the loop starts at the tile of
+        # that window's first key. From `mid` (at or past the last row's, hi - 1's, window
+        # start) to lo, every row sees every key: no mask. Before mid, masked tiles.
+        start = tl.maximum(first - window + 1, 0) // BLOCK_N * BLOCK_N
+        mid = tl.minimum(tl.cdiv(tl.maximum(hi - window, 0), BLOCK_N) * BLOCK_N, lo)
+        acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, start, mid, q_pos,
+                                qk_scale, stride_blk, stride_slot, kv_head_off, offs_d, dmask,
+                                window, PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION,
+                                True)
+    else:
+        mid = 0
+    acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, mid, lo, q_pos, qk_scale,
+                            stride_blk, stride_slot, kv_head_off, offs_d, dmask, window,
+                            PAGE, BLOCK_N, False, BLOCK_D != HEAD_DIM, PRECISION, False)
     acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
-                            stride_blk, stride_slot, kv_head_off, offs_d, dmask,
-                            PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION)
+                            stride_blk, stride_slot, kv_head_off, offs_d, dmask, window,
+                            PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION, HAS_WINDOW)
 
+    if HAS_SINKS:
+        # exp(sink) relative to the row's max, in base 2 as the scores (every real row sees
+        # its own key, so the max is finite).
+        l_sum += tl.exp2(tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634 - m)
+    if HAS_WINDOW:
+        # A row past q_len may see no key in the window (never stored): 0, not 0 / 0.
+        l_sum = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / l_sum[:, None]
     if v_ptr.dtype.element_ty == tl.float8e4nv:
         o = o * v_scale
@@ -186,7 +217,14 @@ def paged_prefill_attention(
     scale: float,
     k_scale: float = 1.0,  # an fp8 cache's K and V are read times these
     v_scale: float = 1.0,
+    sinks: torch.Tensor | None = None,  # [H] per-head logits joining each softmax
+    sliding_window: int | None = None,  # a query at p sees keys at positions > p - this
 ) -> None:
+    """Attention of sequences ``seq_idx``'s queries over their contexts, into ``out``.
+    ``sinks`` and ``sliding_window`` as ``AttentionBackend`` defines them, passed as launch
+    arguments (fixed per layer: a captured graph replays them)."""
+    if sinks is not None and sinks.stride(0) != 1:
+        raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
     if seq_idx.shape[0] == 0:
@@ -202,9 +240,10 @@ def paged_prefill_attention(
         k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
         out, out.stride(0), out.stride(1),
-        scale, v_scale,
+        scale, v_scale, sinks if sinks is not None else q, sliding_window or 0,
         GROUP=num_heads // num_kv_heads, PAGE=block_size, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None,
         num_warps=warps, num_stages=stages,
     )
