@@ -49,6 +49,11 @@ class CacheConfig:
         "V) in layers whose checkpoint has none; the cache stores x / scale",
         nargs="+",
     )
+    calculate_kv_scales: bool = opt(
+        False, ("--calculate-kv-scales",),
+        "with --kv_cache_dtype fp8: measure each layer's K and V scales at start-up from a "
+        "calibration text, in layers whose checkpoint has none",
+    )
     enable_prefix_caching: bool = opt(
         False, ("--enable_prefix_caching", "--enable-prefix-caching"),
         "reuse KV blocks of shared prompt prefixes",
@@ -398,6 +403,12 @@ class Config:
                     and all(0 < x < float("inf") for x in c.kv_cache_scales)):
                 raise ConfigError("--kv-cache-scales takes one or two finite positive numbers "
                                   f"(K, or K then V), got {c.kv_cache_scales}")
+        if c.calculate_kv_scales:
+            if c.kv_cache_dtype != "fp8":
+                raise ConfigError("--calculate-kv-scales needs --kv_cache_dtype fp8")
+            if c.kv_cache_scales is not None:
+                raise ConfigError("--calculate-kv-scales and --kv-cache-scales both set the "
+                                  "scales: give one")
         if p.data_parallel_rank is not None and p.data_parallel_rank < 0:
             raise ConfigError(f"--data-parallel-rank must be >= 0, got {p.data_parallel_rank}")
         if p.nnodes < 1 or not 0 <= p.node_rank < p.nnodes:

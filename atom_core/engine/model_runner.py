@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -13,6 +14,7 @@ from atom_core.engine.annotations import annotate
 from atom_core.engine.capture_traces import CaptureTracer
 from atom_core.engine.cuda_graphs import CudaGraphRunner
 from atom_core.engine.input_batch import DecodeInputs
+from atom_core.engine.kv_calibration import calculate_kv_scales, calibration_ids
 from atom_core.engine.profiler import profiler_dir
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.engine.sequence import PLACEHOLDER_TOKEN, Logprob, Sequence
@@ -57,6 +59,8 @@ class ModelRunner(SpeculativeSteps):
         self.kv_layers = self.attention_layers + (
             self.drafter.attention_layers() if self.drafter is not None else [])
         self.kv_dtype = self._kv_dtype()
+        if config.cache_config.calculate_kv_scales:
+            self._calculate_kv_scales(loaded.tokenizer)
         self.num_blocks = self._plan_kv_blocks()
         self._allocate_kv_cache(self.num_blocks)
         if self.drafter is not None and speculator is not None:
@@ -162,6 +166,18 @@ class ModelRunner(SpeculativeSteps):
                               "backend has no fp8 KV cache yet; use --kv_cache_dtype bf16")
         require_fp8_device(self.device, "--kv_cache_dtype fp8")
         return FP8_KV_DTYPE
+
+    def _calculate_kv_scales(self, tokenizer: Any) -> None:
+        """``--calculate-kv-scales``: the target model's layers measure theirs
+        (kv_calibration.py) before any cache is planned or graph captured."""
+        if tokenizer is None:
+            raise ConfigError("--calculate-kv-scales reads a calibration text: the model "
+                              "has no tokenizer; give the scales with --kv-cache-scales")
+        sched = self.config.scheduler_config
+        ids = calibration_ids(tokenizer, min(sched.max_num_batched_tokens,
+                                             sched.max_model_len or sched.max_num_batched_tokens))
+        logger.info("%s", calculate_kv_scales(self.model, self.attention_layers, ids,
+                                              self.block_size, self.dtype, self.device))
 
     def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:
         return layer.kv_cache_shape(num_blocks, self.block_size)

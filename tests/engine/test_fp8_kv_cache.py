@@ -1,13 +1,16 @@
 """``--kv_cache_dtype fp8`` through the engine: the embedded SmolLM2 (real weights) and a
 tiny DeepSeek-V3 (MLA's latent cache) score a fixed public-domain text, prefilled in
 32-token chunks so that every chunk after the first attends over the e4m3 cache, within 3%
-of the perplexity with the cache in the model's dtype; a backend without an fp8 cache is
-refused at start."""
+of the perplexity with the cache in the model's dtype, with scales of 1.0 and with scales
+measured at start-up (``--calculate-kv-scales``); a backend without an fp8 cache is refused
+at start."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from atom_core.engine.kv_calibration import TARGETS, least_error_scale
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.errors import ConfigError
 from atom_core.layers.attention.native import NativeAttentionBackend
@@ -17,10 +20,52 @@ from tests.perplexity import CHUNKED, TEXT, perplexity
 
 @pytest.mark.slow
 def test_smollm2_perplexity_with_an_fp8_cache_within_3_percent():
+    """Scale 1.0 costs +1.5% on this model; measured scales (--calculate-kv-scales) +0.001%."""
     base = perplexity(LLMEngine(**CHUNKED), TEXT)
     fp8 = perplexity(LLMEngine(kv_cache_dtype="fp8", **CHUNKED), TEXT)
+    measured = LLMEngine(kv_cache_dtype="fp8", calculate_kv_scales=True, **CHUNKED)
+    calibrated = perplexity(measured, TEXT)
     assert fp8 == pytest.approx(base, rel=0.03), (base, fp8)
+    assert calibrated == pytest.approx(base, rel=0.002), (base, calibrated)
+    assert abs(calibrated - base) < abs(fp8 - base)
+    scales = [s for layer in measured.runner.attention_layers for s in layer.kv_scales]
+    assert all(0 < s < 1 for s in scales) and len(set(scales)) > 1, scales
     assert 1.5 < base < 100  # a real model reading real text
+
+
+def round_trip_error(x: torch.Tensor, scale: float) -> float:
+    back = (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale
+    return float((back - x).square().sum())
+
+
+def test_least_error_scale_is_the_candidate_with_the_least_round_trip_error():
+    torch.manual_seed(0)
+    x = torch.randn(4096) * torch.rand(4096) ** 4  # many small values, a few large
+    amax = float(x.abs().max())
+    scale = least_error_scale(x)
+    errors = {amax / t: round_trip_error(x, amax / t) for t in TARGETS}
+    assert errors[scale] == min(errors.values())
+    assert scale >= amax / 448  # nothing clips
+    # vLLM's V rule (the largest value at 100) leaves more of them subnormal.
+    assert errors[scale] < round_trip_error(x, amax / 100)
+    assert least_error_scale(torch.zeros(8)) == 1.0
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({}, "--calculate-kv-scales needs --kv_cache_dtype fp8"),
+    ({"kv_cache_dtype": "fp8", "kv_cache_scales": [0.5]}, "give one"),
+])
+def test_calculate_kv_scales_bad_combinations_are_one_error(kw, msg):
+    with pytest.raises(ConfigError, match=msg):
+        LLMEngine(str(tiny_model_dir("llama")), calculate_kv_scales=True, device="cpu",
+                  enable_log_stats=False, **kw)
+
+
+def test_mla_latent_scale_is_measured():
+    path = str(tiny_model_dir("deepseek_v3"))
+    engine = LLMEngine(path, kv_cache_dtype="fp8", calculate_kv_scales=True, **CHUNKED)
+    (scale,) = engine.runner.attention_layers[0].kv_scales
+    assert scale != 1.0
 
 
 def test_mla_latent_cache_in_fp8_within_3_percent():

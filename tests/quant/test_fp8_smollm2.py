@@ -2,9 +2,10 @@
 too: the perplexity of a public-domain text against the unquantized model's, and how long
 greedy decoding agrees with it.
 
-The weights alone stay within 3%; with the cache as well the two e4m3 roundings add up to
-about 5% on this model (bench/RESULTS.md): a 135M model whose weights come from a Q4_1
-GGUF, which per-channel e4m3 cannot represent exactly, is a hard case for fp8."""
+The weights alone stay within 3% (+2.5%); with the cache too, its scales measured at
+start-up (``--calculate-kv-scales``), +3.2% (bench/RESULTS.md): a 135M model whose weights
+come from a Q4_1 GGUF, which per-channel e4m3 cannot represent exactly, is a hard case for
+fp8. The cache alone, so calibrated, costs +0.001% (tests/engine/test_fp8_kv_cache.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def test_smollm2_fp8_weights_and_cache_perplexity(capsys):
     base_engine = LLMEngine(**CHUNKED)
     base = perplexity(base_engine, TEXT)
     weights = perplexity(LLMEngine(quantization="fp8", **CHUNKED), TEXT)
-    fp8_engine = LLMEngine(quantization="fp8", kv_cache_dtype="fp8", **CHUNKED)
+    fp8_engine = LLMEngine(quantization="fp8", kv_cache_dtype="fp8", calculate_kv_scales=True,
+                           **CHUNKED)
     fp8 = perplexity(fp8_engine, TEXT)
     prompt = TEXT[:200]
     want = base_engine.generate([prompt], GREEDY)[0]["token_ids"]
@@ -38,7 +40,7 @@ def test_smollm2_fp8_weights_and_cache_perplexity(capsys):
               f"({weights / base - 1:+.1%}), {fp8:.2f} fp8 weights + fp8 KV "
               f"({fp8 / base - 1:+.1%}); greedy agreement {agreed}/128 tokens")
     assert weights == pytest.approx(base, rel=0.03), (base, weights)
-    assert fp8 == pytest.approx(base, rel=0.055), (base, fp8)
+    assert fp8 == pytest.approx(base, rel=0.035), (base, fp8)
     assert base != weights != fp8  # the weights, then the cache, did change
     assert 1.5 < base < 100  # a real model reading real text
     assert len(want) == len(got) == 128
