@@ -5,7 +5,8 @@ vs transformers' static cache, beside the HBM roofline measured in the same run.
         [--prompt-len 512] [--output-len 256] [--hf-output-len 64] [--profile]
         [--profile-batch-sizes 1 32] [--gemv-config N,K,M=BN,BK,SPLIT ...]
         [--moe-config H,I,T=BM,BN,BK,WARPS,STAGES[,PERSISTENT[,OVERLAP]] ...]
-        [--weights normal|vllm] [--routing drawn|tied] [--json bench/results/decode_latency.json]
+        [--weights normal|vllm] [--routing drawn|tied] [--num-layers N]
+        [--json bench/results/decode_latency.json]
 
 TPOT = (time of the last token - time of the first) / (tokens - 1), per request, averaged.
 Every batch's prompts are prefilled in one step (the engine's token budget is raised to
@@ -30,7 +31,9 @@ softmax ties every score (bench/RESULTS.md, "Settled questions").
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -187,13 +190,13 @@ def bench_atom(name: str, results: dict) -> None:
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.sampling_params import SamplingParams
 
-    cfg = load_config(name)
+    cfg, path = model_config(name)
     sizes = sorted(set(ARGS.batch_sizes) | set(profile_sizes()))
     # Room for the timed run and for the profiled and expert-counting decodes.
     max_len = ARGS.prompt_len + max(ARGS.output_len, 64) + 64
     t0 = time.perf_counter()
     engine = LLMEngine(
-        str(config_path(name)), load_dummy="empty", dtype="bfloat16", device="cuda",
+        str(path), load_dummy="empty", dtype="bfloat16", device="cuda",
         enable_log_stats=False, max_model_len=max_len, max_num_seqs=max(sizes),
         max_num_batched_tokens=token_budget(max(sizes), ARGS.prompt_len),
         cudagraph_capture_sizes=sizes, enforce_eager=ARGS.enforce_eager,
@@ -204,7 +207,7 @@ def bench_atom(name: str, results: dict) -> None:
         tie_routers(engine.runner.model)
     model = engine.runner.model
     results[name] = {"startup_s": time.perf_counter() - t0, "kv_blocks": engine.runner.num_blocks,
-                     "batches": {}}
+                     "layers": cfg["num_hidden_layers"], "batches": {}}
     for bs in ARGS.batch_sizes:
         ps = random_prompts(bs, ARGS.prompt_len, cfg["vocab_size"], bs)
         warm_up = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -237,6 +240,22 @@ def bench_atom(name: str, results: dict) -> None:
             if engine.runner.graphs is not None:
                 profiles.append(profile_steps(engine, bs, ARGS.prompt_len, 32, True))
             profiles.append(profile_steps(engine, bs, ARGS.prompt_len, 16, False))
+
+
+def model_config(name: str) -> tuple[dict, Path]:
+    """The config of ``name`` and the path the engine loads it from: with --num-layers, a
+    copy cut to its first N decoder layers (per-layer lists cut with it), in a temporary
+    directory."""
+    cfg = load_config(name)
+    if not ARGS.num_layers or ARGS.num_layers >= cfg["num_hidden_layers"]:
+        return cfg, config_path(name)
+    full = cfg["num_hidden_layers"]
+    cfg = {k: v[: ARGS.num_layers] if isinstance(v, list) and len(v) == full else v
+           for k, v in cfg.items()}
+    cfg["num_hidden_layers"] = ARGS.num_layers
+    path = Path(tempfile.mkdtemp(prefix=f"{name}-{ARGS.num_layers}-layers-")) / "config.json"
+    path.write_text(json.dumps(cfg))
+    return cfg, path
 
 
 def timed_generate(model, ids: torch.Tensor, n: int, kw: dict) -> float:
@@ -295,12 +314,15 @@ def report(results: dict) -> None:
     for name in ARGS.models:
         if "atom_error" in results[name]:
             rows.append([name, "-", f"failed: {results[name]['atom_error'][:80]}", "", "", "", ""])
+        layers = results[name].get("layers")
+        shown = name if layers == load_config(name)["num_hidden_layers"] or layers is None else (
+            f"{name} ({layers} of {load_config(name)['num_hidden_layers']} layers)")
         for bs, r in results[name].get("batches", {}).items():
             hf = r.get("hf_static_tpot_ms")
             hf = "-" if hf is None else f"{hf:.3f} ({r['hf_tokens_timed']})"
             ex = r["experts_per_layer"]
             ex = "-" if ex is None else f"{ex:.1f}"
-            rows.append([name, bs, f"{r['atom_tpot_ms']:.3f}", hf, ex, f"{r['roofline_ms']:.3f}",
+            rows.append([shown, bs, f"{r['atom_tpot_ms']:.3f}", hf, ex, f"{r['roofline_ms']:.3f}",
                          f"{r['fraction_of_roofline']:.2f}"])
     header = ["model", "batch", "ATOM TPOT ms", "HF static TPOT ms (tokens)", "experts/layer",
               "roofline ms", "fraction"]
@@ -356,6 +378,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expert-steps", type=int, default=8,
                    help="eager decode steps over which MoE experts touched are counted")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--num-layers", type=int, default=None, metavar="N",
+                   help="ATOM runs each model's first N decoder layers (one too large for the "
+                        "GPU: GLM-4.5-Air's 212 GB in bf16); needs --skip-hf")
     add_quant_args(p)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run every step one ahead (the engine's default)")
@@ -381,6 +406,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.hf_output_len < 2:
         p.error("--hf-output-len must be at least 2 (TPOT needs a second token)")
+    if args.num_layers is not None and (args.num_layers < 1 or not args.skip_hf):
+        p.error("--num-layers takes N >= 1, and --skip-hf (transformers builds whole models)")
     for spec, parse in [(s, parse_gemv_override) for s in args.gemv_config] + [
             (s, parse_moe_override) for s in args.moe_config]:
         try:

@@ -316,3 +316,15 @@ def test_offline_report_prints_the_floor_beside_the_run(capsys):
     assert f"| floor: GEMMs + KV reads only | 1024 | {floor['floor_s']:.1f} |" in out
     assert f"ATOM at {floor['floor_s'] / 33.0:.0%} of it" in out
     assert 29.0 < floor["floor_s"] < 30.0  # 24.6 s of GEMM at 666 TFLOP/s + 4.9 s of KV
+
+
+def test_num_layers_cuts_the_config_and_its_per_layer_lists(monkeypatch):
+    monkeypatch.setattr(decode_latency, "ARGS", raising=False, value=decode_latency.parse_args(
+        ["--models", "gpt-oss-20b", "--num-layers", "3", "--skip-hf"]))
+    cfg, path = decode_latency.model_config("gpt-oss-20b")
+    full = common.load_config("gpt-oss-20b")
+    assert cfg["num_hidden_layers"] == 3 and cfg["layer_types"] == full["layer_types"][:3]
+    assert json.loads(path.read_text()) == cfg
+    assert cfg["hidden_size"] == full["hidden_size"]
+    with pytest.raises(SystemExit):
+        decode_latency.parse_args(["--num-layers", "3"])  # transformers would build all
