@@ -36,6 +36,7 @@ def triton_ops() -> dict[str, Any]:
     """Op name -> Triton implementation (imports the kernels)."""
     from atom_kernels_triton.activation import silu_and_mul
     from atom_kernels_triton.argmax import argmax
+    from atom_kernels_triton.clamped_swiglu_moe import clamped_swiglu_moe
     from atom_kernels_triton.fp8_norm_quant import rms_norm_quant_fp8
     from atom_kernels_triton.fused_moe import fused_moe
     from atom_kernels_triton.gemv import linear, rms_norm_linear, silu_and_mul_linear
@@ -52,6 +53,7 @@ def triton_ops() -> dict[str, Any]:
         "rotary_embedding": rotary_embedding,
         "qk_norm_rope_cache_write": qk_norm_rope_cache_write,
         "fused_moe": fused_moe,
+        "clamped_swiglu_moe": clamped_swiglu_moe,
         "moe_route": route,
         "linear": linear,
         "silu_and_mul_linear": silu_and_mul_linear,
