@@ -104,6 +104,12 @@ def test_biases_may_be_none(biases, mxfp4):
     check(moe_case(7, 3, torch.float16, mxfp4, biases=biases, seed=1))
 
 
+def test_past_the_bound_still_weight_only():
+    # No quantized-activation path: from bf16_bound tokens on, the same kernels run.
+    x, w13, b13, w2, b2, weights, ids = moe_case(5, 2, torch.float16, mxfp4=True, seed=6)
+    check((x, w13._replace(bf16_bound=1), b13, w2._replace(bf16_bound=1), b2, weights, ids))
+
+
 def test_mxfp4_and_plain_stacks_mixed():
     x, w13, b13, w2, b2, weights, ids = moe_case(5, 2, torch.float32, mxfp4=True, seed=2)
     check((x, w13, b13, w2.dequantize(torch.float32), b2, weights, ids))
