@@ -195,8 +195,13 @@ class LLMEngine:
         logger.error("tensor-parallel rank %d died (exit code %d): aborting the group",
                      rank, code)
         group = tensor_parallel().group
-        if group is not None:
+        if group is None:
+            return
+        try:
             group.abort()
+        except (AttributeError, RuntimeError) as exc:  # a torch without ProcessGroup.abort
+            logger.error("could not abort the group (%s): the step waits for NCCL's timeout",
+                         exc)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (also done when the engine is collected
