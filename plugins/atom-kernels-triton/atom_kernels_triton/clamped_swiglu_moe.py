@@ -19,6 +19,11 @@ A per-pair buffer summed in a fixed order rather than fp32 atomics into [T, H]: 
 is the same bits run to run (atomics add in whichever order programs finish), for T*k*H*4
 bytes and one small launch.
 
+The GEMM tiles are this module's, not fused_moe's: interleaved gate/up rows, biases, the
+clamped activation and the MXFP4 decode would be four more modes in tiles that already
+serve three launch forms and three weight formats. The launches are fused_moe's plain form
+(one each); its persistent and overlapped forms are tuned per model and not measured here.
+
 MXFP4 stacks (``atom_core.quant.mxfp4``) are weight-only at every step size: a tile loads
 the packed bytes and their e8m0 scales, decodes the two e2m1 codes of each byte (the even
 element in the low nibble) by bit arithmetic into fp32, scales them by 2**(scale - 127)
@@ -238,9 +243,10 @@ def clamped_swiglu_moe(
     """[T, H]: each token's sum over its k experts e of ``topk_weights[t, j] * (w2[e] @
     act(w13[e] @ x + w13_bias[e]) + w2_bias[e])``, summed in fp32 (module docstring; the
     reference's docstring for ``act``). ``w13`` / ``w2``: model-dtype stacks or
-    ``Mxfp4Weight`` ones, decoded weight-only whatever the step's size (no activation is
-    quantized from ``bf16_bound`` on: the same kernels run). A bias may be None; ids outside
-    ``[0, E)`` add nothing. ``config`` overrides the table's block sizes (for tuning)."""
+    ``Mxfp4Weight`` ones, decoded weight-only whatever the step's size: from the stacks'
+    ``bf16_bound`` on, the same weight-only kernels run (no activation is quantized, and
+    nothing is logged per step). A bias may be None; ids outside ``[0, E)`` add nothing.
+    ``config`` overrides the table's block sizes (for tuning)."""
     num_tokens, top_k = topk_ids.shape
     num_experts, inter2, hidden_size = w13.shape
     inter = inter2 // 2
