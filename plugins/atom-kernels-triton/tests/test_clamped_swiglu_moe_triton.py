@@ -85,7 +85,8 @@ def test_registered_for_gpus():
 
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["plain", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("tokens,top_k", [(1, 1), (2, 4), (9, 2), (17, 3), (40, 4)])
+@pytest.mark.parametrize("tokens,top_k", [(1, 1), (2, 4), (9, 2), (17, 3),
+                                          pytest.param(40, 4, marks=pytest.mark.slow)])
 def test_matches_reference(tokens, top_k, dtype, mxfp4):
     skip_bf16_on_cpu(dtype)
     args = moe_case(tokens, top_k, dtype, mxfp4)
