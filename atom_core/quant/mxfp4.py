@@ -13,8 +13,8 @@ is read (the product is bound by reading the 4-bit weight, and quantizing a few 
 cost more than it saves); from the bound on, a kernel that gains from it quantizes them
 too. The bound is the blog's default, 256, or the GPTOSS_SWIGLU_MXFP4_BF16_BOUND
 environment variable. The reference has no quantized-activation path: it dequantizes to
-the activations' dtype at every size, so on CPU the bound changes nothing; a GPU kernel
-that reads it is still to come.
+the activations' dtype at every size, so on CPU the bound changes nothing; the Triton
+kernel (atom-kernels-triton) is weight-only at every size too, so far.
 """
 
 from __future__ import annotations
