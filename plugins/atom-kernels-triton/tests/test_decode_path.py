@@ -27,7 +27,7 @@ from atom_core.sampling_params import SamplingParams  # noqa: E402
 from atom_core.testing.engine_reference import hf_greedy, hf_model  # noqa: E402
 from atom_core.testing.tiny_models import tiny_model_dir  # noqa: E402
 
-NEW_TOKENS = 12
+NEW_TOKENS = 7
 
 
 @pytest.fixture
@@ -81,7 +81,8 @@ def test_triton_fast_decode_matches_transformers(kind, triton_everywhere, monkey
     assert any(f for f, _ in launches) == qwen3
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "llama"])
+# Llama's dense path is Qwen3's without the q/k norms: test_triton_fast_decode_... covers it.
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
 def test_deferred_norms_decode_matches_transformers(kind, triton_everywhere, monkeypatch):
     """Every decode-sized GEMV split along K, so each o_proj and down projection (and the
     MoE's pairs' sum) finishes the next norm (atom_core.ops.deferred_norm) and the qkv,
