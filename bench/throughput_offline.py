@@ -170,6 +170,8 @@ def bench_atom(results: dict) -> None:
         enable_log_stats=False, max_model_len=ARGS.input_len + ARGS.output_len + 16,
         max_num_seqs=ARGS.max_num_seqs, max_num_batched_tokens=ARGS.max_num_batched_tokens,
         async_scheduling=ARGS.async_scheduling, **quant_kwargs(ARGS),
+        **({"mixed_prefill_tokens": ARGS.mixed_prefill_tokens}
+           if ARGS.mixed_prefill_tokens is not None else {}),
         **({"cudagraph_capture_sizes": ARGS.cudagraph_capture_sizes}
            if ARGS.cudagraph_capture_sizes else {}),
     )
@@ -317,6 +319,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs,
                    help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--mixed-prefill-tokens", type=int, default=None,
+                   help="the engine's cap on prompt tokens beside decodes (default: the "
+                        "engine's; 0: none, each step up to --max-num-batched-tokens)")
     add_quant_args(p)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run every step one ahead (the engine's default)")
