@@ -28,11 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import h11
 import uvicorn
 from safetensors import SafetensorError, safe_open
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from atom_core.entrypoints.http.app import build_app
 from atom_core.entrypoints.server_args import add_server_args
@@ -268,26 +267,33 @@ class AtomServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline for each request's headers (uvicorn has none:
-    its keep-alive timer stops at a request's first byte, so a client trickling header
-    bytes, or a new connection sending nothing, would hold a connection forever)."""
+def header_timeout_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a deadline for each request's headers (uvicorn has
+    none: its keep-alive timer stops at a request's first byte, so a client trickling header
+    bytes, or a new connection sending nothing, would hold a connection forever). httptools
+    (llhttp, in C) rather than h11: every streamed token is a chunk this protocol frames,
+    and h11 frames in Python."""
 
-    class HeaderTimeoutProtocol(H11Protocol):
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._header_timer: asyncio.TimerHandle | None = None
+            self._partial = False  # a request's first bytes are in, its headers are not
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.conn.their_state is not h11.IDLE:
-                self._disarm()  # a request's headers are in (or the connection is ending)
-            elif self._header_timer is None and self.conn.trailing_data[0]:
-                self._arm()  # the first bytes of the next request on a kept-alive connection
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._partial = True
+            if self._header_timer is None:
+                self._arm()  # the next request on a kept-alive connection
+
+        def on_headers_complete(self) -> None:
+            self._partial = False
+            self._disarm()
+            super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -305,10 +311,9 @@ def header_timeout_protocol(timeout_s: float) -> type[H11Protocol]:
             self._header_timer = None
             if self.transport.is_closing():
                 return
-            partial = bool(self.conn.trailing_data[0])
             self.logger.info("closing a connection whose request headers were not received "
                              "within %g s (--timeout-header-read)", timeout_s)
-            if partial:
+            if self._partial:
                 self.transport.write(REQUEST_TIMEOUT_408)
             self.transport.close()
 
