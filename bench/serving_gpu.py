@@ -23,7 +23,9 @@ scraped; the change of each phase histogram's sum over the change of its count i
 time of that phase over the level's requests: frontend (HTTP request to queued to the
 engine), queue, prefill, first-token delivery (engine's host to the HTTP response), and the
 first decode step. Their sum against the client's mean TTFT leaves the client's and the
-connection's share. A server without these histograms (vLLM) gets "n/a".
+connection's share. A server without these histograms (vLLM) gets "n/a". The CPU time the
+server's process (the frontend) and the processes below it (the engine) used over each
+level is read from /proc: a frontend near one core's share is the bottleneck of the level.
 
 Server overhead: after the server is gone, ``LLMEngine`` in this process on the same
 directory and flags runs --engine-requests random prompts one after another (greedy,
@@ -183,6 +185,50 @@ def time_split(before: dict[str, tuple[float, float]], after: dict[str, tuple[fl
     return split
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used, all its threads; 0.0 where it is
+    gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def child_pids(pid: int) -> list[int]:
+    """Every process below ``pid`` (the engine and its workers, multiprocessing's helpers)."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += [kid, *child_pids(kid)]
+    return out
+
+
+def cpu_snapshot(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server process ``pid`` (the frontend: HTTP, tokenizing,
+    detokenizing, SSE) and of everything below it (the engine), and the wall clock."""
+    return {"frontend": process_cpu_s(pid),
+            "engine": sum(process_cpu_s(k) for k in child_pids(pid)),
+            "wall": time.monotonic()}
+
+
+def cpu_use(before: dict[str, float], after: dict[str, float],
+            output_tokens: int) -> dict[str, float]:
+    """Per process group between two snapshots: the share of one core it kept busy, and its
+    CPU microseconds per output token."""
+    wall = after["wall"] - before["wall"]
+    out = {}
+    for part in ("frontend", "engine"):
+        used = after[part] - before[part]
+        out[f"{part}_core_share"] = used / wall if wall > 0 else 0.0
+        out[f"{part}_us_per_token"] = used / max(output_tokens, 1) * 1e6
+    return out
+
+
 # ----------------------------------------------------------------------------- client
 
 
@@ -238,8 +284,9 @@ def parse_profile_at(spec: str) -> tuple[int, float]:
 
 
 def run_levels(base_url: str, model_dir: Path, args: argparse.Namespace,
-               tag: str) -> list[dict[str, Any]]:
-    """Warm-up requests, then every level with its /metrics scraped around it."""
+               tag: str, pid: int) -> list[dict[str, Any]]:
+    """Warm-up requests, then every level with its /metrics scraped and the CPU time of the
+    server ``pid`` and its engine read around it."""
     result_dir = Path(args.result_dir)
     shape = (args.input_len, args.output_len)
     if args.warmups:
@@ -249,6 +296,7 @@ def run_levels(base_url: str, model_dir: Path, args: argparse.Namespace,
     for conc, prompts in args.levels:
         name = f"{tag}-concurrency{conc}"
         before = scrape(base_url)
+        cpu_before = cpu_snapshot(pid)
         profile = None
         if tag == "atom" and args.profile_at is not None and args.profile_at[0] == conc:
             profile = threading.Timer(args.profile_at[1], post, (base_url, "/start_profile"))
@@ -258,12 +306,14 @@ def run_levels(base_url: str, model_dir: Path, args: argparse.Namespace,
         if profile is not None:
             profile.cancel()
             print("trace:", post(base_url, "/stop_profile"))
+        cpu_after = cpu_snapshot(pid)
         after = scrape(base_url)
         levels.append({
             "concurrency": conc, "num_prompts": prompts,
             "client": {k: v for k, v in result.items() if not isinstance(v, list)},
             "client_file": str(result_dir / f"{name}.json"),
             "split": time_split(before, after, result["mean_ttft_ms"]),
+            "cpu": cpu_use(cpu_before, cpu_after, result["total_output_tokens"]),
         })
     return levels
 
@@ -307,7 +357,7 @@ def serve(server: ServerProcess, model_dir: Path, args: argparse.Namespace,
     """The levels on ``server``, stopped afterwards (the engine below needs its memory)."""
     try:
         server.wait_ready(timeout=900)
-        return run_levels(server.base_url, model_dir, args, tag)
+        return run_levels(server.base_url, model_dir, args, tag, server.proc.pid)
     finally:
         server.stop()
 
@@ -390,6 +440,19 @@ def split_table(levels: list[dict[str, Any]]) -> str:
                  s["client_minus_sum"], s["engine_ttft"], s["first_decode"],
                  lv["client"].get("mean_tpot_ms")]
         rows.append([f"{lv['concurrency']} ({lv['num_prompts']})", *(_fmt([c]) for c in cells)])
+    return markdown_table(header, rows)
+
+
+def cpu_table(levels: list[dict[str, Any]]) -> str:
+    """Per level, how busy the frontend process and the engine's processes kept the CPU."""
+    header = ["concurrency (prompts)", "frontend: share of a core", "frontend us / token",
+              "engine: share of a core", "engine us / token"]
+    rows = []
+    for lv in levels:
+        c = lv["cpu"]
+        rows.append([f"{lv['concurrency']} ({lv['num_prompts']})",
+                     _fmt([c["frontend_core_share"]]), _fmt([c["frontend_us_per_token"]], 1),
+                     _fmt([c["engine_core_share"]]), _fmt([c["engine_us_per_token"]], 1)])
     return markdown_table(header, rows)
 
 
@@ -477,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(results_table(levels, shape, vllm))
     print("\nwhere the time went, mean ms per request (server's /metrics around each level)\n")
     print(split_table(levels))
+    print("\nCPU of the server's processes over each level (/proc: user + system)\n")
+    print(cpu_table(levels))
     if engine:
         print(f"\nserver overhead at concurrency {base['concurrency']}: client TPOT "
               f"{base['client']['mean_tpot_ms']:.2f} ms / LLMEngine TPOT "

