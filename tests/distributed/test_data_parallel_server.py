@@ -20,6 +20,7 @@ from atom_core.sampling_params import SamplingParams
 from atom_core.testing.tiny_models import tiny_model_dir
 
 PROMPTS = [f"prompt number {i} says" for i in range(8)]
+MAX_TOKENS = 16
 
 
 def cpu_seconds(pid: int) -> float:
@@ -29,7 +30,7 @@ def cpu_seconds(pid: int) -> float:
 
 def complete_all(srv: ServerProcess) -> list[str]:
     def one(prompt: str) -> str:
-        body = {"prompt": prompt, "max_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
         r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=120)
         r.raise_for_status()
         return r.json()["choices"][0]["text"]
@@ -46,7 +47,7 @@ def complete_all(srv: ServerProcess) -> list[str]:
 ])
 def test_two_replicas_share_the_requests_and_answer_as_one(tmp_path, kind, flags):
     model = tiny_model_dir(kind)
-    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     one = LLMEngine(str(model), device="cpu", enable_log_stats=False, max_model_len=256)
     want = [o["text"] for o in one.generate(PROMPTS, params)]
     two = ServerProcess(model, "--device", "cpu", "--max-model-len", "256", "-dp", "2",
