@@ -67,6 +67,13 @@ class CacheConfig:
     )
 
 
+# An LLMEngine built from keyword options (offline batches, where no stream waits on its
+# next token) takes prompts beside decodes uncapped, as vLLM's offline LLM class defaults
+# differ from its server's: on the H200, fp8 Qwen3-8B offline (bench/throughput_offline.py)
+# ran 39,167 tok/s uncapped and 34,461 at the server's 448 (bench/RESULTS.md).
+OFFLINE_MIXED_PREFILL_TOKENS = 0
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = opt(512, ("--max-num-seqs",), "maximum sequences per batch")
@@ -76,7 +83,7 @@ class SchedulerConfig:
     max_model_len: int | None = opt(
         None, ("--max-model-len",), "maximum context length (default: the model's)"
     )
-    # 448: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at concurrency
+    # 448, the server's: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at concurrency
     # 64 on an H200): with step graphs, prompts taken a few hundred tokens a step beside
     # the decodes gave the best request rate and a median TTFT a fifth of 4096's; 448
     # beside 64 decodes fills the 512-token graph.
@@ -85,7 +92,8 @@ class SchedulerConfig:
         "while sequences decode, a step computes at most this many prompt tokens beside them "
         "(longer prompts are chunked), so decodes are not held up by a long prefill and "
         "prompts stream their first tokens sooner; with nothing decoding a step takes up to "
-        "--max-num-batched-tokens. 0: no cap of its own",
+        "--max-num-batched-tokens. 0: no cap of its own (an LLMEngine built from keyword "
+        "options, offline, defaults to 0)",
     )
     scheduler_delay_factor: float = opt(
         0.0, ("--scheduler-delay-factor",),

@@ -320,8 +320,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
     p.add_argument("--mixed-prefill-tokens", type=int, default=None,
-                   help="the engine's cap on prompt tokens beside decodes (default: the "
-                        "engine's; 0: none, each step up to --max-num-batched-tokens)")
+                   help="the engine's cap on prompt tokens beside decodes (default: "
+                        "LLMEngine's offline default, none: each step up to "
+                        "--max-num-batched-tokens; the server's is 448)")
     add_quant_args(p)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="run every step one ahead (the engine's default)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from atom_core.config import Config
+from atom_core.config import OFFLINE_MIXED_PREFILL_TOKENS, Config
 from atom_core.distributed.dp_attention import Lockstep, check_has_moe, join_dp_attention
 from atom_core.distributed.launch import (
     check_devices,
@@ -115,7 +115,10 @@ class LLMEngine:
     """``LLMEngine(model=..., **config_fields)`` or ``LLMEngine(config=Config(...))``.
 
     With ``detokenize=False`` outputs carry token ids only and stop strings are not
-    checked: the caller owns the text (the server's frontend does).
+    checked: the caller owns the text (the server's frontend does). Built from keyword
+    options, ``mixed_prefill_tokens`` defaults to ``OFFLINE_MIXED_PREFILL_TOKENS`` (no cap:
+    an offline batch has no stream waiting on its next token); a ``Config``, as the server
+    builds from its flags, keeps its own.
     """
 
     def __init__(
@@ -127,6 +130,7 @@ class LLMEngine:
         **kwargs: Any,
     ):
         if config is None:
+            kwargs.setdefault("mixed_prefill_tokens", OFFLINE_MIXED_PREFILL_TOKENS)
             config = Config.from_kwargs(model=model, **kwargs)
         elif model is not None or kwargs:
             raise ConfigError("pass either config= or model/keyword options, not both")

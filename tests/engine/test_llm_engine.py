@@ -159,3 +159,27 @@ def test_bad_requests_are_refused_and_nothing_is_queued(engine, prompt, params, 
     assert err.value.param == param
     assert engine.is_finished()
 
+
+
+@pytest.mark.parametrize("server_config, prompt_tokens_in_step", [(False, 480), (True, 448)])
+def test_offline_engines_take_prompts_beside_decodes_uncapped(server_config,
+                                                              prompt_tokens_in_step):
+    """Built from keywords (offline), a long prompt arriving while another request decodes
+    is computed whole in the next step; built from the server's config it is chunked to
+    --mixed-prefill-tokens (448) so the decode is not held up."""
+    from atom_core.config import Config
+
+    opts = dict(model=str(tiny_model_dir("llama")), enable_log_stats=False, device="cpu",
+                max_model_len=512)
+    if server_config:
+        engine = LLMEngine(config=Config.from_kwargs(**opts))
+    else:
+        engine = LLMEngine(**opts)
+    assert engine.config.scheduler_config.mixed_prefill_tokens == (448 if server_config else 0)
+    engine.add_request([[1, 2, 3]], GREEDY)
+    engine.step()  # the first request's prompt: it decodes from here on
+    engine.add_request([[random.Random(0).randrange(3, 200) for _ in range(480)]], GREEDY)
+    engine.step()
+    decoding, long = engine.scheduler.running
+    assert decoding.num_computed_tokens == 4  # its prompt and one decode
+    assert long.num_computed_tokens == prompt_tokens_in_step
