@@ -83,10 +83,10 @@ class SchedulerConfig:
     max_model_len: int | None = opt(
         None, ("--max-model-len",), "maximum context length (default: the model's)"
     )
-    # 448, the server's: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at concurrency
-    # 64 on an H200): with step graphs, prompts taken a few hundred tokens a step beside
-    # the decodes gave the best request rate and a median TTFT a fifth of 4096's; 448
-    # beside 64 decodes fills the 512-token graph.
+    # 448, the server's: the sweep in bench/RESULTS.md (bench/serving_gpu.py, Qwen3-8B at
+    # concurrency 64 on an H200): with step graphs, prompts taken a few hundred tokens a
+    # step beside the decodes gave the best request rate and a median TTFT a fifth of
+    # 4096's; 448 beside 64 decodes fills the 512-token graph.
     mixed_prefill_tokens: int = opt(
         448, ("--mixed-prefill-tokens",),
         "while sequences decode, a step computes at most this many prompt tokens beside them "
