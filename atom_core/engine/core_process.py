@@ -202,8 +202,8 @@ def run_engine_core(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stopping = threading.Event()
-    if engine.workers is not None:
-        threading.Thread(target=_watch_workers, args=(engine.workers, stopping),
+    if engine.ranks is not None:
+        threading.Thread(target=_watch_workers, args=(engine.ranks.workers, stopping),
                          name="atom-tp-watch", daemon=True).start()
     try:
         while core.running:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -15,19 +14,9 @@ import torch
 
 from atom_core.config import OFFLINE_MIXED_PREFILL_TOKENS, Config
 from atom_core.distributed.dp_attention import Lockstep, check_has_moe, join_dp_attention
-from atom_core.distributed.launch import (
-    check_devices,
-    launched_rank,
-    node_ranks,
-    rank_device,
-    rendezvous,
-)
-from atom_core.distributed.state import (
-    destroy_tensor_parallel,
-    init_tensor_parallel,
-    tensor_parallel,
-)
-from atom_core.distributed.workers import BUILD_RUNNER, COLLECTIVE_FAILURE_WAIT_S, RankWorkers
+from atom_core.distributed.engine_ranks import EngineRanks
+from atom_core.distributed.state import destroy_tensor_parallel
+from atom_core.distributed.workers import BUILD_RUNNER
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.output import RequestText
@@ -38,7 +27,7 @@ from atom_core.engine.spec_decode import Speculator
 from atom_core.engine.stats import StatsLogger
 from atom_core.engine.step_results import PendingStep, StepOutput
 from atom_core.engine.validation import check_request
-from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
+from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.generation_defaults import GenerationDefaults
 from atom_core.loader import load_model
 from atom_core.loader.hub import resolve_model
@@ -82,19 +71,6 @@ class _Request:
     callback: Callable[[RequestOutput], None] | None
     sent_tokens: int = 0
     pieces: list[str] = field(default_factory=list)
-
-
-def _stop_workers(workers: RankWorkers) -> None:
-    try:
-        workers.check()
-    except EngineDeadError:
-        workers.broken = True
-    if workers.broken:  # a collective failed: another could wait forever, so none is tried
-        workers.close(timeout=0)
-    else:
-        workers.stop()
-        workers.close()
-    destroy_tensor_parallel()
 
 
 def resolve_device(name: str) -> torch.device:
@@ -147,7 +123,11 @@ class LLMEngine:
         torch.manual_seed(mc.seed)
         self.device = resolve_device(mc.device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        self.workers = self._start_workers()
+        # With -tp N > 1: the other ranks, this process rank 0 (on GPUs, its local rank's).
+        self.ranks = (EngineRanks(self, config, self.device)
+                      if par.tensor_parallel_size > 1 else None)
+        if self.ranks is not None:
+            self.device = self.ranks.device
         self.lockstep: Lockstep | None = None  # DP attention's agreement with the replicas
         try:
             if par.enable_dp_attention:
@@ -160,59 +140,12 @@ class LLMEngine:
             self.shutdown()
             raise
 
-    def _start_workers(self) -> RankWorkers | None:
-        """With ``-tp`` N > 1: this node's other ranks started, and the group joined as rank
-        0 (the other nodes' ranks join it from their own ``atom serve --node-rank``). On
-        GPUs each rank takes its own, this one the node's first (``self.device``)."""
-        par = self.config.parallel_config
-        if par.tensor_parallel_size == 1:
-            return None
-        check_devices(par, self.device)
-        launched = launched_rank(par)
-        if launched is not None and launched.rank != 0:
-            raise ConfigError(f"this process is rank {launched.rank} of a launched group "
-                              "(RANK): only rank 0 runs the engine; run `atom serve` on "
-                              "every rank")
-        if launched is not None:  # the launcher started the other ranks
-            workers = RankWorkers(self.config, [], par.tensor_parallel_size, "env://",
-                                  par.enable_expert_parallel)
-        else:
-            workers = RankWorkers(self.config, node_ranks(par, 0)[1:],
-                                  par.tensor_parallel_size, rendezvous(par),
-                                  par.enable_expert_parallel)
-        try:
-            self.device = rank_device(self.device, launched.local_rank if launched else 0)
-            init_tensor_parallel(0, workers.size, workers.init_method, self.device,
-                                 expert_parallel=workers.expert_parallel)
-        except BaseException:
-            workers.close(timeout=0)
-            raise
-        if self.device.type == "cuda":
-            workers.watch(self._worker_died)
-        self._finalizer = weakref.finalize(self, _stop_workers, workers)
-        return workers
-
-    @staticmethod
-    def _worker_died(rank: int, code: int) -> None:
-        """From the workers' watch: end the NCCL collective waiting on the dead rank (the
-        step then fails, and the engine with it)."""
-        logger.error("tensor-parallel rank %d died (exit code %d): aborting the group",
-                     rank, code)
-        group = tensor_parallel().group
-        if group is None:
-            return
-        try:
-            group.abort()
-        except (AttributeError, RuntimeError) as exc:  # a torch without ProcessGroup.abort
-            logger.error("could not abort the group (%s): the step waits for NCCL's timeout",
-                         exc)
-
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (also done when the engine is collected
         or the process exits)."""
-        if self.workers is not None:
-            self._finalizer()
-            self.workers = None
+        if self.ranks is not None:
+            self.ranks.shutdown()
+            self.ranks = None
         if self.config.parallel_config.enable_dp_attention:
             destroy_tensor_parallel()
 
@@ -238,8 +171,8 @@ class LLMEngine:
         if config.speculative_config.method is not None:
             ctx = ProposerContext(config, loaded.model, self.hf_config, self.device, self.dtype)
             self.speculator = Speculator(config, self.max_model_len, ctx)
-        if self.workers is not None:  # the ranks plan the cache and capture graphs together
-            self.workers.send(BUILD_RUNNER)
+        if self.ranks is not None:  # the ranks plan the cache and capture graphs together
+            self.ranks.send(BUILD_RUNNER)
         self.runner = ModelRunner(config, loaded, self.device, self.dtype, self.speculator)
         capacity = self.runner.num_blocks * config.cache_config.block_size
         if capacity < self.max_model_len:
@@ -441,14 +374,14 @@ class LLMEngine:
         """Start the torch profiler (needs --torch-profiler-dir or ATOM_TORCH_PROFILER_DIR),
         on every tensor-parallel rank."""
         self.profiler.start()
-        if self.workers is not None:
-            self.workers.send(ProfileOrder(start=True))
+        if self.ranks is not None:
+            self.ranks.send(ProfileOrder(start=True))
 
     def stop_profile_nowait(self) -> TraceWrite | None:
         """End the trace on every rank; rank 0's trace being written (``TorchProfiler.
         stop_nowait``). The other ranks write theirs before they take the next step."""
-        if self.workers is not None:
-            self.workers.send(ProfileOrder(start=False))
+        if self.ranks is not None:
+            self.ranks.send(ProfileOrder(start=False))
         return self.profiler.stop_nowait()
 
     def stop_profile(self) -> None:
@@ -505,19 +438,9 @@ class LLMEngine:
         return finished
 
     def _execute(self, batch: ScheduledBatch) -> StepOutput:
-        if self.workers is None:
+        if self.ranks is None:
             return self.runner.execute(batch)
-        self.workers.send(batch)
-        try:
-            out = self.runner.execute(batch)
-        except RuntimeError:  # a collective whose peer is gone
-            self.workers.broken = True
-            self.workers.check(wait=COLLECTIVE_FAILURE_WAIT_S)
-            raise
-        if self.workers.broken:  # an aborted NCCL group: this step's tokens are not sound
-            self.workers.check(wait=COLLECTIVE_FAILURE_WAIT_S)
-            raise EngineDeadError("a tensor-parallel rank is gone")
-        return out
+        return self.ranks.run_step(batch, lambda: self.runner.execute(batch))
 
     def print_mtp_statistics(self) -> None:
         """Print speculative decoding's acceptance statistics (the guide's MTP statistics)."""
@@ -545,7 +468,7 @@ class LLMEngine:
         return (
             self.config.scheduler_config.async_scheduling
             and self.speculator is None
-            and self.workers is None
+            and self.ranks is None
             and self.runner.decode_inputs is not None
             and all(
                 self._host_free_sampling(s.sampling_params)

@@ -61,7 +61,7 @@ def test_two_ranks_generate_what_one_process_does(kind, extra, tmp_path):
 @pytest.mark.slow
 def test_a_dead_worker_fails_the_engine_and_none_is_left_behind():
     engine = LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
-    worker = engine.workers.procs[0]
+    worker = engine.ranks.workers.procs[0]
     greedy(engine)  # all ranks working
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
@@ -72,7 +72,7 @@ def test_a_dead_worker_fails_the_engine_and_none_is_left_behind():
     engine.shutdown()
 
     engine = LLMEngine(str(tiny_model_dir("llama")), tensor_parallel_size=2, **OPTS)
-    worker = engine.workers.procs[0]
+    worker = engine.ranks.workers.procs[0]
     engine.shutdown()
     assert worker.poll() == 0  # stopped when asked
 
