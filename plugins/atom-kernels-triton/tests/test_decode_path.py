@@ -87,7 +87,7 @@ def test_deferred_norms_decode_matches_transformers(kind, triton_everywhere, mon
     """Every decode-sized GEMV split along K, so each o_proj and down projection (and the
     MoE's pairs' sum) finishes the next norm (atom_core.ops.deferred_norm) and the qkv,
     gate_up, router and expert kernels read it: still transformers' greedy tokens."""
-    split = GemvConfig(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, num_warps=4, num_stages=2)
+    split = GemvConfig(BLOCK_N=64, BLOCK_K=32, SPLIT_K=2, num_warps=4, num_stages=2)
     table = gemv.get_config
     monkeypatch.setattr(gemv, "get_config", lambda m, *a: split if m > 1 else table(m, *a))
     inputs = []
