@@ -30,7 +30,7 @@ def test_short_run_writes_rows(tmp_path, hf_smollm2, monkeypatch, capsys):
     monkeypatch.setattr(ngram_speculation, "hf_model", lambda: (tok, hf_smollm2))
     out = tmp_path / "ngram.json"
     monkeypatch.setattr(ngram_speculation, "ARGS", argparse.Namespace(
-        batch_sizes=[1], output_len=24, k=4, json=str(out)), raising=False)
+        batch_sizes=[1], output_len=12, k=4, json=str(out)), raising=False)
     threads = torch.get_num_threads()
     try:
         ngram_speculation.main()

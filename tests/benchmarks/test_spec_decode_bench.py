@@ -127,7 +127,7 @@ def test_a_tiny_setup_runs_end_to_end_on_cpu(tmp_path, capsys):
     import torch
 
     args = bench.parse_args(["--k", "1", "3", "--batch-sizes", "1", "2", "--prompt-len", "16",
-                             "--output-len", "24", "--no-hf", "--profile", "all"])
+                             "--output-len", "16", "--no-hf", "--profile", "all"])
     qwen = json.loads((tiny_model_dir("qwen3") / "config.json").read_text())
     models = bench.Models(
         bench.write_config(tmp_path / "qwen", qwen), "eagle3",
@@ -141,7 +141,7 @@ def test_a_tiny_setup_runs_end_to_end_on_cpu(tmp_path, capsys):
         (1, 1.0, 1), (1, 1.0, 2), (1, 2.0, 1), (1, 2.0, 2),
         (3, 1.0, 1), (3, 1.0, 2), (3, 2.0, 1), (3, 2.0, 2), (3, 4.0, 1), (3, 4.0, 2)]
     for r in rows:
-        assert r["tokens"] == 24 * r["batch"]
+        assert r["tokens"] == 16 * r["batch"]
         # The forced length, less where a request's last steps draft fewer.
         assert r["length"] - 0.25 <= r["tokens_per_forward"] <= r["length"], r
         assert r["ratio"] == pytest.approx(r["tpot_ms"] / plain[r["batch"]]["tpot_ms"])

@@ -18,9 +18,16 @@ from tests.perplexity import CHUNKED, TEXT, perplexity
 GREEDY = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
 
 
-def agreement(a: list[int], b: list[int]) -> int:
-    """Tokens before the first that differs."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+def forced_agreement(engine: LLMEngine, prompt: list[int], want: list[int]) -> int:
+    """How many of ``want`` (another engine's greedy continuation of ``prompt``) ``engine``
+    would decode greedily before it first differs. Read in one pass over prompt + want: up
+    to the first position where ``engine``'s argmax is not the token there, its greedy
+    decoding would have seen the same context, so that position is where it would part
+    (128 fp8 decode steps of reference ops take ~30 s on a 2-core VM)."""
+    out = engine.generate([prompt + want], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
+    ranks = [entry.rank for entry in out["prompt_logprobs"][len(prompt):]]
+    assert len(ranks) == len(want)
+    return next((i for i, rank in enumerate(ranks) if rank != 1), len(want))
 
 
 @pytest.mark.slow
@@ -31,10 +38,9 @@ def test_smollm2_fp8_weights_and_cache_perplexity(capsys):
     fp8_engine = LLMEngine(quantization="fp8", kv_cache_dtype="fp8", calculate_kv_scales=True,
                            **CHUNKED)
     fp8 = perplexity(fp8_engine, TEXT)
-    prompt = TEXT[:200]
+    prompt = base_engine.tokenize(TEXT[:200])
     want = base_engine.generate([prompt], GREEDY)[0]["token_ids"]
-    got = fp8_engine.generate([prompt], GREEDY)[0]["token_ids"]
-    agreed = agreement(want, got)
+    agreed = forced_agreement(fp8_engine, prompt, want)
     with capsys.disabled():
         print(f"\nSmolLM2 perplexity: {base:.2f} unquantized, {weights:.2f} fp8 weights "
               f"({weights / base - 1:+.1%}), {fp8:.2f} fp8 weights + fp8 KV "
@@ -43,6 +49,6 @@ def test_smollm2_fp8_weights_and_cache_perplexity(capsys):
     assert fp8 == pytest.approx(base, rel=0.035), (base, fp8)
     assert base != weights != fp8  # the weights, then the cache, did change
     assert 1.5 < base < 100  # a real model reading real text
-    assert len(want) == len(got) == 128
+    assert len(want) == 128
     # Greedy decoding agreed for all 128 tokens when measured; a margin for other BLAS.
-    assert agreed >= 32, (want, got)
+    assert agreed >= 32, want
