@@ -56,7 +56,12 @@ from pathlib import Path
 from typing import Any
 
 from atom_core.config import LOAD_DUMMY_MODES
-from atom_core.entrypoints.server_process import ServerProcess, free_port
+from atom_core.entrypoints.server_process import (
+    ServerProcess,
+    cpu_seconds,
+    descendant_pids,
+    free_port,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import ROOT, markdown_table, params_per_token, random_prompts, write_json  # noqa: E402
@@ -185,34 +190,11 @@ def time_split(before: dict[str, tuple[float, float]], after: dict[str, tuple[fl
     return split
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used, all its threads; 0.0 where it is
-    gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def child_pids(pid: int) -> list[int]:
-    """Every process below ``pid`` (the engine and its workers, multiprocessing's helpers)."""
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for kid in kids:
-            out += [kid, *child_pids(kid)]
-    return out
-
-
 def cpu_snapshot(pid: int) -> dict[str, float]:
     """CPU seconds so far of the server process ``pid`` (the frontend: HTTP, tokenizing,
     detokenizing, SSE) and of everything below it (the engine), and the wall clock."""
-    return {"frontend": process_cpu_s(pid),
-            "engine": sum(process_cpu_s(k) for k in child_pids(pid)),
+    return {"frontend": cpu_seconds(pid),
+            "engine": sum(cpu_seconds(k) for k in descendant_pids(pid)),
             "wall": time.monotonic()}
 
 

@@ -1,5 +1,6 @@
 """``atom serve`` in a subprocess of its own process group: what end-to-end tests and the
-serving benches (bench/serving_overhead.py) start and stop. Readiness is polled on
+serving benches (bench/serving_overhead.py, bench/serving_gpu.py) start and stop, and the
+CPU time its processes use (/proc). Readiness is polled on
 ``/health`` with the standard library, so nothing beyond the server's own dependencies is
 needed."""
 
@@ -45,6 +46,30 @@ def socket_inodes(pid: int) -> set[str]:
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     return inodes
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used; 0.0 once it is
+    gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """Every process below ``pid``: a server's engine processes, their tensor-parallel
+    workers, multiprocessing's helpers."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            continue  # the thread or the process ended meanwhile
+        for kid in kids:
+            out += [kid, *descendant_pids(kid)]
+    return out
 
 
 class ServerProcess:

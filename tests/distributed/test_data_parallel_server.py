@@ -4,9 +4,7 @@ are spread over both (each replica's process works) and answer what one engine a
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,17 +13,12 @@ from atom_core.config import Config
 from atom_core.engine.client import EngineClient
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.engine.profiler import rank_trace_dir
-from atom_core.entrypoints.server_process import ServerProcess
+from atom_core.entrypoints.server_process import ServerProcess, cpu_seconds
 from atom_core.sampling_params import SamplingParams
 from atom_core.testing.tiny_models import tiny_model_dir
 
 PROMPTS = [f"prompt number {i} says" for i in range(8)]
 MAX_TOKENS = 16
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def complete_all(srv: ServerProcess) -> list[str]:
