@@ -15,8 +15,11 @@ their own weight), median replay:
   else cuBLAS: what a bf16 model runs today);
 - ``fp8 w-only``: the ``linear`` op on an ``Fp8Weight`` whose ``w8a8_min_rows`` is never
   reached (the fp8 GEMV up to gemv_config.MAX_ROWS rows, the weight-only GEMM past it);
-- ``fp8 w8a8``: the op on an ``Fp8Weight`` with ``w8a8_min_rows`` 1 (per-row quantization
-  and ``torch._scaled_mm``), and ``quant``: the quantization kernel alone.
+- ``fp8 w8a8``: the op on an ``Fp8Weight`` with ``w8a8_min_rows`` 1 (per-row quantization,
+  then fp8_gemm's Triton GEMM on e4m3 operands up to ``W8A8_GEMM_MAX_ROWS`` rows,
+  ``torch._scaled_mm`` past them);
+- ``scaled_mm``: the per-row quantization and ``torch._scaled_mm`` at every row count; and
+  ``quant``: the quantization kernel alone.
 
 The projections a pre-norm block's norm feeds (qkv, gate_up) also time that norm (with the
 residual add) and the W8A8 product together, on the line under theirs: as two ops
@@ -30,8 +33,9 @@ Each in us, with TB/s (weight + x + output bytes: the weight's own size, bf16 ac
 and TFLOP/s (2 M N K). The summary gives, per projection, the smallest row count from which
 W8A8 is at least as fast as weight-only at every larger count measured, and the sum over
 the four projections. ``--sweep`` also times candidate tiles of the fp8 paths (the GEMV's
-for rows up to MAX_ROWS, fp8_gemm's weight-only GEMM past them) and prints the fastest
-beside the default. Writes every timing to ``--json``.
+for rows up to MAX_ROWS, fp8_gemm's weight-only GEMM past them, and its W8A8 GEMM up to
+``W8A8_GEMM_MAX_ROWS``) and prints the fastest beside the default. Writes every timing to
+``--json``.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from atom_core.quant.fp8 import Fp8Weight, fp8_linear, quantize_weight  # noqa: 
 ROWS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096]
 NEVER = 1 << 62  # a w8a8_min_rows no batch reaches
 TOLERANCE = 1.6e-2  # bf16 output against the fp32 reference
-PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8")
+PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8", "scaled_mm")
 NORM_FED = ("qkv_proj", "gate_up")  # their input is a pre-norm block's norm
 EPS = 1e-6
 
@@ -150,14 +154,18 @@ def bench_projection(
         r["bf16_op_us"] = timed(linear, x, bf16)
         r["fp8_wonly_us"] = timed(linear, x, wonly)
         r["fp8_w8a8_us"] = timed(linear, x, w8a8)
+        r["scaled_mm_us"] = timed(scaled_mm, x, w8a8)
         r["quant_us"] = graph_us([lambda x=x: quantize_rows(x)] * calls)
-        for path, elem in (("cublas", 2), ("bf16_op", 2), ("fp8_wonly", 1), ("fp8_w8a8", 1)):
+        for path, elem in (("cublas", 2), ("bf16_op", 2), ("fp8_wonly", 1), ("fp8_w8a8", 1),
+                           ("scaled_mm", 1)):
             r[f"{path}_bytes"] = n * k * elem + 2 * m * (k + n)
         ref = fp8_linear(x, fp8[0], w8a8=False)
         r["fp8_wonly_err"] = rel_err(linear(x, wonly[0]), ref)
         r["fp8_w8a8_err"] = rel_err(linear(x, w8a8[0]), fp8_linear(x, fp8[0], w8a8=True))
         if sweep:
             r["sweep"] = sweep_point(x, wonly, ref, calls, copies)
+            if m <= fp8_gemm.W8A8_GEMM_MAX_ROWS:
+                r["sweep_w8a8"] = sweep_w8a8(x, w8a8, calls, copies)
         print(row_line(r), flush=True)
         if proj in NORM_FED:
             r.update(bench_norm_fed(x, w8a8, calls, copies))
@@ -167,6 +175,51 @@ def bench_projection(
     fp8.clear()
     torch.cuda.empty_cache()
     return results
+
+
+def scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
+    """The W8A8 product through ``torch._scaled_mm`` at any row count."""
+    xq, xs = quantize_rows(x)
+    return torch._scaled_mm(xq, w.qweight.t(), scale_a=xs[:, None], scale_b=w.scale[None, :],
+                            out_dtype=x.dtype)
+
+
+def w8a8_candidates(m: int) -> list[GemmConfig]:
+    """The W8A8 GEMM's sweep: one M tile up to 64 rows (64-row tiles past it), either
+    orientation, W's tile 64 or 128 wide, BLOCK_K 128 to 512, up to 4 splits."""
+    block_m = min(64, max(16, 1 << (m - 1).bit_length()))
+    grid = itertools.product((64, 128), (128, 256, 512), (1, 2, 4), (True, False))
+    return [GemmConfig(BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, SWAP=sw,
+                       num_warps=4, num_stages=4) for bn, bk, s, sw in grid]
+
+
+def sweep_w8a8(x: torch.Tensor, weights: list[Fp8Weight], calls: int, copies: int
+               ) -> dict[str, Any]:
+    """The W8A8 GEMM's candidate tiles at x's rows (x quantized once, outside the timing):
+    {"default", "best", "all"}."""
+    m, k = x.shape
+    n = weights[0].qweight.shape[0]
+    xq, xs = quantize_rows(x)
+    ref = fp8_linear(x, weights[0], w8a8=True)
+    default = dict(fp8_gemm.w8a8_config(m, n, k, torch.cuda.get_device_properties(0)
+                                        .multi_processor_count))
+    rows = []
+    for c in [default, *w8a8_candidates(m)]:
+        def fn(w: Fp8Weight, c: dict[str, Any] = c) -> torch.Tensor:
+            return fp8_gemm.w8a8_matmul(xq, xs, w, None, x.dtype, config=GemmConfig(**c))
+        try:
+            if rel_err(fn(weights[0]), ref) >= TOLERANCE:
+                print(f"  W8A8 M={m} {c}: off the reference, skipped", flush=True)
+                continue
+            us = graph_us([lambda w=weights[i % copies]: fn(w) for i in range(calls)])
+        except Exception as e:  # out of shared memory / registers at compile time
+            print(f"  W8A8 M={m} {c}: {type(e).__name__}, skipped", flush=True)
+            continue
+        rows.append({**c, "us": us})
+    best = min(rows, key=lambda r: r["us"])
+    print(f"  sweep W8A8 M={m}: default {rows[0]['us']:.2f} us, best {best['us']:.2f} us "
+          f"{best}", flush=True)
+    return {"default": rows[0], "best": best, "all": rows}
 
 
 def bench_norm_fed(x: torch.Tensor, weights: list[Fp8Weight], calls: int, copies: int
@@ -310,6 +363,8 @@ def dry_run(model: str, rows: list[int]) -> None:
             print(f"  {proj} [{n} x {k}] M={m}: weight-only rel err {err:.2e}")
         q, s = quantize_rows(x)
         print(f"  {proj}: quantize_rows {tuple(q.shape)}, scales {tuple(s.shape)}")
+        err = rel_err(fp8_gemm.w8a8_matmul(q, s, w, None, x.dtype), fp8_linear(x, w, w8a8=True))
+        print(f"  {proj} M={MAX_ROWS + 1}: W8A8 GEMM rel err {err:.2e}")
         if proj in NORM_FED:
             res, nw = torch.randn_like(x), torch.ones(k, dtype=x.dtype)
             q, s, _ = rms_norm_quant_fp8(x, res, nw, EPS)

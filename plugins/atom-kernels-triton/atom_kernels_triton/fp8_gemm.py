@@ -9,8 +9,11 @@
   rows its N side, as gemv.py's 32-row tile) and, where the tiles alone would leave SMs idle,
   split along K, the fp32 partial sums added in a fixed order by a second kernel.
 - ``w8a8_linear``: from ``w8a8_min_rows`` rows on, x is quantized per row (fp8_quant.py)
-  and the product runs on fp8 tensor cores through ``torch._scaled_mm`` with row-wise
-  scales (x's per row, W's per column). CUDA only.
+  and the product runs on fp8 tensor cores with row-wise scales (x's per row, W's per
+  column), applied to the fp32 accumulator: up to ``W8A8_GEMM_MAX_ROWS`` rows in the same
+  Triton GEMM with both operands e4m3 (``w8a8_matmul``; W x^T, split along K, so that a
+  few rows still keep every SM reading W), past them in ``torch._scaled_mm``, whose tiles
+  fill few SMs below a few hundred rows.
 
 Both match ``atom_core.quant.fp8.fp8_linear`` up to the order of their fp32 sums and the
 rounding of the output.
@@ -31,6 +34,8 @@ from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 X_DTYPES = (torch.bfloat16, torch.float16)
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
+# Up to this many rows W8A8 products run in the Triton GEMM, past it in torch._scaled_mm.
+W8A8_GEMM_MAX_ROWS = 128
 
 
 class GemmConfig(TypedDict):
@@ -68,10 +73,10 @@ def weight_ok(
 
 @triton.jit
 def _fp8_gemm_kernel(
-    x_ptr, x_stride, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
+    x_ptr, x_stride, xs_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, M, N, K, k_per_split,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr,
+    X_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     # The M tiles of one N tile are consecutive programs: W's tile comes from HBM once.
     num_m = tl.cdiv(M, BLOCK_M)
@@ -102,14 +107,20 @@ def _fp8_gemm_kernel(
         else:
             w = tl.load(w_tile + kk[None, :], mask=kk[None, :] < K, other=0.0)
             a = tl.load(x_tile + kk[None, :], mask=kk[None, :] < K, other=0.0)
-        # e4m3 values are exact in bf16 and fp16.
-        w = w.to(a.dtype)
+        if not X_FP8:
+            w = w.to(a.dtype)  # e4m3 values are exact in bf16 and fp16
         if SWAP:
             acc = tl.dot(w, tl.trans(a), acc)
         else:
             acc = tl.dot(a, tl.trans(w), acc)
     scale = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
     # Index the output as the accumulator is laid out, [N, M] where SWAP.
+    if X_FP8:  # x's per-row scales, applied before W's as the reference applies them
+        x_scale = tl.load(xs_ptr + rows, mask=row_ok, other=0.0)
+        if SWAP:
+            acc *= x_scale[None, :]
+        else:
+            acc *= x_scale[:, None]
     if SWAP:
         acc *= scale[:, None]
         offs = rows[None, :].to(tl.int64) * N + cols[:, None]
@@ -181,37 +192,47 @@ def default_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfi
                       SWAP=swap, num_warps=4, num_stages=4)
 
 
-def weight_only_linear(
-    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
-    config: GemmConfig | None = None,
-) -> torch.Tensor:
-    """x @ W^T + bias in x's dtype, x [..., K] in bf16/fp16 as it is (``weight_ok``), W
-    converted from e4m3 as it is loaded. ``config`` overrides the tiles (for tuning)."""
+def w8a8_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
+    """Tiles of the W8A8 GEMM (both operands e4m3) up to ``W8A8_GEMM_MAX_ROWS`` rows, from
+    the shape alone: W's tile on the tensor cores' M side (SWAP), up to 64 rows in one tile
+    beside it; BLOCK_N 128 where that alone gives a program per SM, else 64; BLOCK_K 256
+    (an e4m3 tile is half a 16-bit one's bytes); K split as ``default_config`` splits it."""
+    block_m = min(64, max(16, 1 << max(0, m - 1).bit_length()))
+    m_tiles = _cdiv(m, block_m)
+    block_n = 128 if _cdiv(n, 128) * m_tiles >= num_sms else 64
+    block_k = max(32, min(256, 1 << max(0, k - 1).bit_length()))
+    split_k = 4 if _cdiv(n, block_n) * m_tiles < 2 * num_sms else 2
+    while split_k > 1 and _cdiv(k, block_k) < 4 * split_k:
+        split_k //= 2
+    return GemmConfig(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+                      SWAP=True, num_warps=4, num_stages=4)
+
+
+def _gemm(x2: torch.Tensor, x_scale: torch.Tensor | None, weight: Fp8Weight,
+          bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig) -> torch.Tensor:
+    """The [M, N] product of the rows x2 [M, K] (16-bit, or e4m3 with ``x_scale`` [M]) and
+    W, in ``out_dtype``."""
     q = weight.qweight
     n, k = q.shape
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
     m = x2.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=x2.device)
     if m == 0:
-        return out.view(*x.shape[:-1], n)
-    if config is None:
-        config = default_config(m, n, k, _num_sms(x.device))
+        return out
     block_k = config["BLOCK_K"]
     # Each split covers whole BLOCK_K chunks; splits that would start past K are dropped.
     k_per_split = _cdiv(_cdiv(k, block_k), config["SPLIT_K"]) * block_k
     split_k = _cdiv(k, k_per_split)
-    part = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+    part = (torch.empty((split_k, m, n), dtype=torch.float32, device=x2.device)
             if split_k > 1 else out)
     has_bias = bias is not None
-    pdl = pdl_options(x.device)
+    pdl = pdl_options(x2.device)
     grid = (_cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"]), split_k)
     _fp8_gemm_kernel[grid](
-        x2, x2.stride(0), q, weight.scale, bias if has_bias else out, out, part, m, n, k,
-        k_per_split, HAS_BIAS=has_bias, SPLIT=split_k > 1, BLOCK_M=config["BLOCK_M"],
-        BLOCK_N=config["BLOCK_N"], BLOCK_K=block_k, SWAP=config["SWAP"],
-        EVEN_K=k % block_k == 0, num_warps=config["num_warps"],
+        x2, x2.stride(0), x_scale if x_scale is not None else weight.scale, q, weight.scale,
+        bias if has_bias else out, out, part, m, n, k, k_per_split, HAS_BIAS=has_bias,
+        SPLIT=split_k > 1, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=block_k, SWAP=config["SWAP"], EVEN_K=k % block_k == 0,
+        X_FP8=x_scale is not None, num_warps=config["num_warps"],
         num_stages=config["num_stages"], **pdl,
     )
     if split_k > 1:
@@ -220,7 +241,26 @@ def weight_only_linear(
             part, bias if has_bias else out, out, m * n, n, SPLIT_K=split_k, HAS_BIAS=has_bias,
             BLOCK=block, **pdl,
         )
-    return out.view(*x.shape[:-1], n)
+    return out
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def weight_only_linear(
+    x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None, *,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """x @ W^T + bias in x's dtype, x [..., K] in bf16/fp16 as it is (``weight_ok``), W
+    converted from e4m3 as it is loaded. ``config`` overrides the tiles (for tuning)."""
+    n, k = weight.qweight.shape
+    x2 = _rows(x)
+    m = x2.shape[0]
+    if config is None:
+        config = default_config(m, n, k, _num_sms(x.device))
+    return _gemm(x2, None, weight, bias, x.dtype, config).view(*x.shape[:-1], n)
 
 
 @functools.cache
@@ -230,22 +270,38 @@ def _scaled_mm_device(device: torch.device) -> bool:
 
 
 def w8a8_ok(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> bool:
-    """Whether ``w8a8_linear`` takes this call: a CUDA device with fp8 tensor cores, and
-    K and N multiples of 16 (``_scaled_mm``'s)."""
+    """Whether ``w8a8_linear`` takes this call: x and W as ``weight_ok`` takes them, on a
+    device with fp8 tensor cores (or CPU tensors, through the interpreter), K and N
+    multiples of 16 (``_scaled_mm``'s, past the Triton GEMM's rows)."""
     n, k = weight.qweight.shape
-    return (weight_ok(x, weight, bias) and x.is_cuda and _scaled_mm_device(x.device)
-            and n % 16 == 0 and k % 16 == 0)
+    device_ok = _scaled_mm_device(x.device) if x.is_cuda else x.device.type == "cpu"
+    return weight_ok(x, weight, bias) and device_ok and n % 16 == 0 and k % 16 == 0
+
+
+def w8a8_matmul(
+    xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+    out_dtype: torch.dtype, *, config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """(xq * x_scale[:, None]) @ W^T + bias in ``out_dtype``, rows already quantized (e4m3
+    ``xq`` [M, K], fp32 ``x_scale`` [M]), as ``atom_core.quant.fp8.w8a8_matmul``: up to
+    ``W8A8_GEMM_MAX_ROWS`` rows the Triton GEMM (fp8 tensor cores, K split to fill the SMs),
+    past them ``torch._scaled_mm`` (CUDA), whose tiles leave SMs idle at few rows.
+    ``config`` overrides the Triton GEMM's tiles (for tuning)."""
+    m = xq.shape[0]
+    n, k = weight.qweight.shape
+    if config is not None or m <= W8A8_GEMM_MAX_ROWS or not xq.is_cuda:
+        if config is None:
+            config = w8a8_config(m, n, k, _num_sms(xq.device))
+        return _gemm(xq, x_scale, weight, bias, out_dtype, config)
+    return torch._scaled_mm(xq, weight.qweight.t(), scale_a=x_scale[:, None],
+                            scale_b=weight.scale[None, :], bias=bias, out_dtype=out_dtype)
 
 
 def w8a8_linear(
     x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x @ W^T + bias in x's dtype with x quantized per row (``w8a8_ok`` calls): the
-    quantization kernel, then ``torch._scaled_mm`` with x's scales per row and W's per
-    column, the bias added in its epilogue."""
-    q = weight.qweight
-    n, k = q.shape
+    quantization kernel, then ``w8a8_matmul``."""
+    n = weight.qweight.shape[0]
     xq, x_scale = quantize_rows(x)
-    out = torch._scaled_mm(xq, q.t(), scale_a=x_scale[:, None], scale_b=weight.scale[None, :],
-                           bias=bias, out_dtype=x.dtype)
-    return out.view(*x.shape[:-1], n)
+    return w8a8_matmul(xq, x_scale, weight, bias, x.dtype).view(*x.shape[:-1], n)

@@ -172,15 +172,13 @@ def rms_norm_w8a8_linear(
     weight: Fp8Weight, bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(rms_norm(h)), h) on the W8A8 path (``takes_linear`` calls): the rows normed and
-    quantized by one kernel, then ``torch._scaled_mm`` with their scales per row and W's per
-    column, as fp8_gemm.w8a8_linear (the reference product where it does not take the call:
-    CPU tensors, N or K off a multiple of 16)."""
+    quantized by one kernel, then the W8A8 product as fp8_gemm.w8a8_linear runs it (the
+    reference product where that does not take the call: N or K off a multiple of 16)."""
     q, x_scale, summed = rms_norm_quant_fp8(x, residual, norm_weight, eps)
     n, k = weight.qweight.shape
     q2, s2 = q.view(-1, k), x_scale.view(-1)
     if fp8_gemm.w8a8_ok(x, weight, bias):
-        out = torch._scaled_mm(q2, weight.qweight.t(), scale_a=s2[:, None],
-                               scale_b=weight.scale[None, :], bias=bias, out_dtype=x.dtype)
+        out = fp8_gemm.w8a8_matmul(q2, s2, weight, bias, x.dtype)
     else:
         out = w8a8_matmul(q2, s2, weight, bias, x.dtype)
     return out.view(*x.shape[:-1], n), summed

@@ -380,23 +380,59 @@ def test_gemm_default_config():
             assert c["SPLIT_K"] == want, (n, k, m, c)
 
 
+@pytest.mark.parametrize("m", [1, 17, 40])
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "x-w"])
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_w8a8_gemm_matches_the_reference(m, swap, split_k, has_bias):
+    # Both operands e4m3: the products are exact in fp32, so only the order of the sums
+    # and the output's rounding differ from the reference's.
+    w = fp8_weight()
+    xq, xs = quantize_rows(rand(m, K, seed=m) * torch.logspace(-2, 2, m)[:, None].to(DEVICE))
+    b = rand(N, dtype=torch.float16, seed=2) if has_bias else None
+    out = fp8_gemm.w8a8_matmul(xq, xs, w, b, torch.float16, config=gemm_config(swap, split_k))
+    assert out.dtype == torch.float16 and out.shape == (m, N)
+    assert rel_err(out, fp8.w8a8_matmul(xq, xs, w, b, torch.float16)) < 1e-3
+    if split_k > 1:
+        again = fp8_gemm.w8a8_matmul(xq, xs, w, b, torch.float16,
+                                     config=gemm_config(swap, split_k))
+        assert torch.equal(out, again)
+
+
+def test_w8a8_config():
+    sms = 132
+    for n, k in [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (70, 200)]:
+        for m in (1, 17, 32, 33, 64, 65, 128):
+            c = fp8_gemm.w8a8_config(m, n, k, sms)
+            assert c["SWAP"] and c["BLOCK_M"] == min(64, max(16, 1 << (m - 1).bit_length()))
+            assert c["BLOCK_K"] == min(256, 1 << (k - 1).bit_length())
+            tiles = -(-n // c["BLOCK_N"]) * -(-m // c["BLOCK_M"])
+            assert c["BLOCK_N"] == 64 or tiles >= sms, (n, m, c)
+            chunks = -(-k // c["BLOCK_K"])
+            want = 4 if tiles < 2 * sms else 2
+            while want > 1 and chunks < 4 * want:
+                want //= 2
+            assert c["SPLIT_K"] == want, (n, k, m, c)
+
+
 def test_rows_pick_the_path(kernels):
     # Up to MAX_ROWS rows: the GEMV; then the weight-only GEMM below w8a8_min_rows; from
-    # there W8A8, which on CPU tensors is the reference (the GEMM runs on CUDA only).
-    w = fp8_weight(w8a8_min_rows=24)
+    # there W8A8: the rows quantized, then the same GEMM on e4m3 operands (up to
+    # W8A8_GEMM_MAX_ROWS; torch._scaled_mm past them, on CUDA).
+    w = fp8_weight(80, 192, w8a8_min_rows=24)
     gemv_launches, gemm_launches = kernels
     for m, path in [(MAX_ROWS, "gemv"), (MAX_ROWS + 1, "gemm"), (23, "gemm"), (24, "w8a8")]:
         gemv_launches.clear()
         gemm_launches.clear()
-        x = rand(m, K, dtype=torch.float16, seed=m)
+        x = rand(m, 192, dtype=torch.float16, seed=m)
         out = linear(x, w)
-        assert (bool(gemv_launches), bool(gemm_launches)) == (path == "gemv", path == "gemm")
+        assert bool(gemv_launches) == (path == "gemv")
+        assert [launch["X_FP8"] for launch in gemm_launches] == (
+            [] if path == "gemv" else [path == "w8a8"])
         assert reads_deferred(x, w) == (path == "gemv")
+        assert rel_err(out, fp8_linear(x, w)) < tolerance(torch.float16)
         if path == "w8a8":
-            assert torch.equal(out, fp8_linear(x, w))
-            assert torch.equal(linear_partials(x, w)[0], fp8_linear(x, w))
-        else:
-            assert rel_err(out, fp8_linear(x, w)) < tolerance(torch.float16)
+            assert torch.equal(linear_partials(x, w)[0], out)
 
 
 def test_fused_forms_and_deferred_norms_past_the_gemv(kernels):

@@ -138,8 +138,8 @@ class Counted:
 
 @pytest.mark.parametrize("residual", [False, True], ids=["norm", "add-norm"])
 def test_rms_norm_linear_w8a8_path(residual, monkeypatch):
-    # From w8a8_min_rows the rows are normed and quantized by one kernel (then the
-    # reference product on CPU tensors: _scaled_mm is CUDA's); below it, as before.
+    # From w8a8_min_rows the rows are normed and quantized by one kernel, then multiplied
+    # by the W8A8 GEMM; below it, as before.
     kernel = Counted(fp8_norm_quant._rms_norm_quant_kernel)
     monkeypatch.setattr(fp8_norm_quant, "_rms_norm_quant_kernel", kernel)
     weight = quantize_weight(torch.randn(48, 96, device=DEVICE) / 10, w8a8_min_rows=20)

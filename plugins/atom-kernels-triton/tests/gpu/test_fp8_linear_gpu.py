@@ -75,6 +75,21 @@ def test_every_path_matches_fp8_linear(shape, m):
         assert rel_err(out, fp8_linear(x, w, b)) < tolerance(dtype), (shape, m, dtype)
 
 
+@pytest.mark.parametrize("m", [1, 4, 17, 32, 64, 65, 128, 129])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_w8a8_at_every_row_count(shape, m):
+    # W8A8 from one row (--fp8-w8a8-min-rows 1): the Triton GEMM on e4m3 operands up to
+    # W8A8_GEMM_MAX_ROWS rows, torch._scaled_mm past them.
+    q = weight(*SHAPES[shape])
+    w = Fp8Weight(q.qweight, q.scale, 1)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = rand(m, w.shape[1], dtype=dtype, seed=m)
+        b = rand(w.shape[0], dtype=dtype, seed=2)
+        out = linear(x, w, b)
+        assert out.dtype == dtype and out.shape == (m, w.shape[0])
+        assert rel_err(out, fp8_linear(x, w, b)) < tolerance(dtype), (shape, m, dtype)
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_split_k_paths_are_deterministic_and_replay_in_a_graph(shape):
     w = weight(*SHAPES[shape])
