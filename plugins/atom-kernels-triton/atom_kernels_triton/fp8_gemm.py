@@ -269,13 +269,15 @@ def _scaled_mm_device(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def w8a8_ok(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None) -> bool:
+def w8a8_ok(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+            k_factor: int = 1) -> bool:
     """Whether ``w8a8_linear`` takes this call: x and W as ``weight_ok`` takes them, on a
     device with fp8 tensor cores (or CPU tensors, through the interpreter), K and N
     multiples of 16 (``_scaled_mm``'s, past the Triton GEMM's rows)."""
     n, k = weight.qweight.shape
     device_ok = _scaled_mm_device(x.device) if x.is_cuda else x.device.type == "cpu"
-    return weight_ok(x, weight, bias) and device_ok and n % 16 == 0 and k % 16 == 0
+    return (weight_ok(x, weight, bias, k_factor) and device_ok and n % 16 == 0
+            and k % 16 == 0)
 
 
 def w8a8_matmul(

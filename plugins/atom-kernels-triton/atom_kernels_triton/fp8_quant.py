@@ -9,7 +9,10 @@ division on NVIDIA GPUs). amax / 448 is what torch computes for a tensor divided
 number: a division on CPU, on CUDA a product with the fp32 reciprocal of the number.
 
 One program per row: a row of the model's width (a few thousand values) is one tile held in
-registers between the max and the quantizing pass; wider rows take two passes over K.
+registers between the max and the quantizing pass; wider rows take two passes over K. The
+gated form quantizes a gated MLP's activation, silu(gate) * up, formed as it is loaded: the
+down projection's W8A8 input without the activation's own kernel and its rows' round trip
+through memory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_core.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from atom_kernels_triton.activation import silu_and_mul_tile
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 # Rows up to this wide stay in registers between the two passes.
@@ -67,9 +71,19 @@ def quantize_e4m3(x, scale):
 
 
 @triton.jit
+def _row_tile(x_row, kk, mask, K, GATED: tl.constexpr):
+    """The row's values at ``kk`` in fp32; GATED: silu(gate) * up of a gate | up row, as
+    ``silu_and_mul`` rounds it to the model dtype."""
+    if GATED:
+        return silu_and_mul_tile(x_row + kk, mask, K).to(tl.float32)
+    else:
+        return tl.load(x_row + kk, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr, x_stride, q_ptr, s_ptr, K, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
-    RECIPROCAL: tl.constexpr, PDL: tl.constexpr,
+    RECIPROCAL: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -77,14 +91,13 @@ def _quantize_rows_kernel(
     q_row = q_ptr + row * K
     ks = tl.arange(0, BLOCK_K)
     if ONE_TILE:
-        x = tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)
+        x = _row_tile(x_row, ks, ks < K, K, GATED)
         amax = tl.max(tl.abs(x), axis=0)
     else:
         amax_k = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
-            xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-            amax_k = tl.maximum(amax_k, tl.abs(xk))
+            amax_k = tl.maximum(amax_k, tl.abs(_row_tile(x_row, kk, kk < K, K, GATED)))
         amax = tl.max(amax_k, axis=0)
     scale = row_scale(amax, RECIPROCAL)
     tl.store(s_ptr + row, scale)
@@ -93,17 +106,19 @@ def _quantize_rows_kernel(
     else:
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
-            xk = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            xk = _row_tile(x_row, kk, kk < K, K, GATED)
             tl.store(q_row + kk, quantize_e4m3(xk, scale).to(q_ptr.dtype.element_ty), mask=kk < K)
 
 
-def quantize_rows(x: torch.Tensor, block_k: int | None = None
+def quantize_rows(x: torch.Tensor, block_k: int | None = None, *, gated: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 [M, K], fp32 scales [M]) of x's rows (x [..., K] flattened to [M, K]), as
-    ``atom_core.quant.fp8.quantize_rows`` computes them. ``block_k`` overrides the tile
-    (tests take the two-pass form with it)."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
+    ``atom_core.quant.fp8.quantize_rows`` computes them. ``gated``: x is a gated MLP's
+    gate | up [..., 2K], and the rows quantized are ``silu_and_mul(x)``'s, bit for bit,
+    without writing them out. ``block_k`` overrides the tile (tests take the two-pass form
+    with it)."""
+    k = x.shape[-1] // 2 if gated else x.shape[-1]
+    x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
@@ -117,6 +132,6 @@ def quantize_rows(x: torch.Tensor, block_k: int | None = None
     num_warps = min(16, max(4, block_k // 1024))
     _quantize_rows_kernel[(m,)](
         x2, x2.stride(0), q, scale, k, BLOCK_K=block_k, ONE_TILE=block_k >= k,
-        RECIPROCAL=x.is_cuda, num_warps=num_warps, **pdl_options(x.device),
+        RECIPROCAL=x.is_cuda, GATED=gated, num_warps=num_warps, **pdl_options(x.device),
     )
     return q, scale

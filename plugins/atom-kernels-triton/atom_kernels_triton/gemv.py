@@ -69,8 +69,9 @@ from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
 from atom_core.ops.native.linear import linear as native_linear
 from atom_core.quant.fp8 import Fp8Weight, uses_w8a8
 from atom_kernels_triton import fp8_gemm, fp8_norm_quant, tuning
-from atom_kernels_triton.activation import silu_and_mul
+from atom_kernels_triton.activation import silu_and_mul, silu_and_mul_tile
 from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
+from atom_kernels_triton.fp8_quant import quantize_rows
 from atom_kernels_triton.gemv_config import (
     H200_SMS,
     MAX_ROWS,
@@ -90,16 +91,10 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @triton.jit
 def _load_x(ptrs, mask, K, GATED: tl.constexpr):
-    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on.
-    Masked-out entries are 0 either way (silu(0) * 0)."""
+    """The x tile at ``ptrs``; GATED: silu(gate) * up, gate at ``ptrs`` and up K further on,
+    as ``silu_and_mul`` rounds it. Masked-out entries are 0 either way."""
     if GATED:
-        g = tl.load(ptrs, mask=mask, other=0.0)
-        u = tl.load(ptrs + K, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        # _silu_and_mul_kernel's rounding, step for step: silu rounded to the model dtype,
-        # the product in fp32 rounded again.
-        s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-        return (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+        return silu_and_mul_tile(ptrs, mask, K)
     else:
         return tl.load(ptrs, mask=mask, other=0.0)
 
@@ -504,8 +499,15 @@ def silu_and_mul_linear(
     config: GemvConfig | None = None, add_norm: AddNorm | None = None,
 ) -> torch.Tensor | DeferredNorm:
     """``linear(silu_and_mul(x), weight, bias)``, x [..., 2K] (gate | up) and weight [N, K]:
-    one kernel for one row where the table has a config (the same bits as the two), else
+    one kernel for one row where the table has a config (the same bits as the two); an
+    ``Fp8Weight`` at W8A8 rows: the activation formed and quantized per row by one kernel
+    (``fp8_quant.quantize_rows(gated=True)``, the same bits), then the W8A8 product; else
     the two ops (``add_norm`` as ``linear``'s)."""
+    if (isinstance(weight, Fp8Weight) and uses_w8a8(x, weight)
+            and fp8_gemm.w8a8_ok(x, weight, bias, k_factor=2)):
+        xq, x_scale = quantize_rows(x, gated=True)
+        out = fp8_gemm.w8a8_matmul(xq, x_scale, weight, bias, x.dtype)
+        return out.view(*x.shape[:-1], weight.shape[0])
     ok = supported(x, weight, bias, gated=True)
     res = _launch(x, weight, bias, config, gated=True) if ok else None
     if res is not None:

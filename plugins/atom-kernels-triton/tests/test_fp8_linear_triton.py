@@ -131,6 +131,23 @@ def test_quantize_rows_rounds_to_nearest_even():
     assert torch.equal(q.view(torch.uint8), fp8.quantize_rows(x)[0].view(torch.uint8))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_k", [None, 64], ids=["one-tile", "two-pass"])
+def test_gated_quantize_rows_is_silu_and_mul_then_quantize_bitwise(dtype, block_k):
+    # gate | up rows, one row all zeros and one of products near 1e3 (a scale per row).
+    x = rand(5, 2 * 300, seed=6) * 3
+    x[1] = 0.0
+    x[2] *= 10
+    x = x.to(dtype)
+    q, scale = quantize_rows(x, block_k, gated=True)
+    ref_q, ref_scale = fp8.quantize_rows(silu_and_mul(x))
+    assert q.shape == (5, 300) and torch.equal(scale, ref_scale)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
+    # [2, 3, 2K] rows are flattened as the ungated form flattens them.
+    q3, s3 = quantize_rows(x[:4].view(2, 2, 600), gated=True)
+    assert torch.equal(q3.view(torch.uint8), q[:4].view(torch.uint8)) and torch.equal(s3, scale[:4])
+
+
 def test_quantize_rows_three_d_and_strided():
     x = rand(2, 3, 2 * K, dtype=torch.bfloat16, seed=4)[..., :K]
     q, scale = quantize_rows(x)
@@ -274,6 +291,23 @@ def test_silu_and_mul_linear_several_rows_take_the_two_ops(kernels):
     out = silu_and_mul_linear(x, w)
     assert rel_err(out, native_silu_and_mul_linear(x, w)) < tolerance(torch.float16)
     assert not any(k["GATED"] for k in kernels[0])
+
+
+def test_silu_and_mul_linear_at_w8a8_rows_quantizes_the_activation_in_one_kernel(kernels,
+                                                                             monkeypatch):
+    # From w8a8_min_rows the activation is formed and quantized by the gated quantization
+    # kernel, never written in the model dtype: the same bits as silu_and_mul, then linear.
+    w = fp8_weight(80, 192, w8a8_min_rows=4)
+    b = rand(80, dtype=torch.float16, seed=2)
+    x = rand(5, 2 * 192, dtype=torch.float16, seed=3)
+    calls = []
+    monkeypatch.setattr(gemv, "silu_and_mul", lambda t: calls.append(t) or silu_and_mul(t))
+    out = silu_and_mul_linear(x, w, b)
+    assert not calls and [k["X_FP8"] for k in kernels[1]] == [True]
+    assert torch.equal(out, linear(silu_and_mul(x), w, b))
+    assert rel_err(out, native_silu_and_mul_linear(x, w, b)) < tolerance(torch.float16)
+    few = silu_and_mul_linear(x[:3], w, b)  # below w8a8_min_rows: the two ops
+    assert len(calls) == 1 and torch.equal(few, linear(silu_and_mul(x[:3]), w, b))
 
 
 def norm_inputs(m: int, k: int, dtype: torch.dtype, residual: bool):
