@@ -16,8 +16,8 @@ their own weight), median replay:
 - ``fp8 w-only``: the ``linear`` op on an ``Fp8Weight`` whose ``w8a8_min_rows`` is never
   reached (the fp8 GEMV up to gemv_config.MAX_ROWS rows, the weight-only GEMM past it);
 - ``fp8 w8a8``: the op on an ``Fp8Weight`` with ``w8a8_min_rows`` 1 (per-row quantization,
-  then fp8_gemm's Triton GEMM on e4m3 operands up to ``W8A8_GEMM_MAX_ROWS`` rows,
-  ``torch._scaled_mm`` past them);
+  then the product as the device's ``fp8_w8a8`` table routes it: fp8_gemm's Triton GEMM on
+  e4m3 operands where it lists the shape and rows, else ``torch._scaled_mm``);
 - ``scaled_mm``: the per-row quantization and ``torch._scaled_mm`` at every row count; and
   ``quant``: the quantization kernel alone.
 
@@ -34,8 +34,10 @@ and TFLOP/s (2 M N K). The summary gives, per projection, the smallest row count
 W8A8 is at least as fast as weight-only at every larger count measured, and the sum over
 the four projections. ``--sweep`` also times candidate tiles of the fp8 paths (the GEMV's
 for rows up to MAX_ROWS, fp8_gemm's weight-only GEMM past them, and its W8A8 GEMM up to
-``W8A8_GEMM_MAX_ROWS``) and prints the fastest beside the default. Writes every timing to
-``--json``.
+``W8A8_GEMM_MAX_ROWS``) and prints the fastest beside the default; it writes the W8A8
+GEMM's table (``configs/fp8_w8a8/<device>.json``, or ``--table``): at each row count that
+is a bucket (16, 32, 64, 128), the fastest tiles where they beat ``scaled_mm``, else null.
+Writes every timing to ``--json``.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import torch.nn.functional as F  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from atom_kernels_triton import fp8_gemm  # noqa: E402
+from atom_kernels_triton import fp8_gemm, tuning  # noqa: E402
 from atom_kernels_triton.fp8_gemm import GemmConfig  # noqa: E402
 from atom_kernels_triton.fp8_norm_quant import rms_norm_quant_fp8  # noqa: E402
 from atom_kernels_triton.fp8_quant import quantize_rows  # noqa: E402
@@ -342,6 +344,32 @@ def summary(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def w8a8_entries(results: list[dict[str, Any]]) -> tuning.Table:
+    """The W8A8 GEMM's table from a sweep: (N, K) -> bucket -> the fastest tiles where they
+    beat ``scaled_mm`` at that many rows, else None (rows that are not a bucket: skipped)."""
+    table: tuning.Table = {}
+    for r in results:
+        sw = r.get("sweep_w8a8")
+        if sw is None or r["M"] != fp8_gemm.m_bucket(r["M"]):
+            continue
+        best = {k: v for k, v in sw["best"].items() if k != "us"}
+        wins = sw["best"]["us"] < r["scaled_mm_us"]
+        table.setdefault((r["N"], r["K"]), {})[r["M"]] = best if wins else None
+    return table
+
+
+def write_w8a8_table(results: list[dict[str, Any]], path: Path | None,
+                     argv: list[str] | None) -> None:
+    device = torch.cuda.get_device_name()
+    table = {shape: dict(b) for shape, b in tuning.load(fp8_gemm.W8A8_OP, device).configs.items()}
+    for shape, buckets in w8a8_entries(results).items():
+        table.setdefault(shape, {}).update(buckets)
+    path = path or tuning.table_path(fp8_gemm.W8A8_OP, device)
+    producer = " ".join(["python bench/fp8_linear.py", *(sys.argv[1:] if argv is None else argv)])
+    tuning.dump(path, device, table, producer)
+    print(f"wrote {path}")
+
+
 def crossover_total(results: list[dict[str, Any]]) -> int | None:
     totals = [{"M": m, **{f"{p}_us": sum(r[f"{p}_us"] for r in results if r["M"] == m)
                           for p in ("fp8_wonly", "fp8_w8a8")}}
@@ -384,6 +412,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also time candidate tiles of the weight-only paths")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: print the plan and run each fp8 path once, small")
+    ap.add_argument("--table", type=Path,
+                    help="the W8A8 table --sweep writes (default: the package's for this GPU)")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fp8_linear.json")
     return ap.parse_args(argv)
 
@@ -403,6 +433,8 @@ def main(argv: list[str] | None = None) -> None:
     for proj, n, k in projections(load_config(args.model)):
         results += bench_projection(proj, n, k, args.rows, args.calls, args.sweep, l2_bytes)
     print("\n".join(summary(results)))
+    if args.sweep:
+        write_w8a8_table(results, args.table, argv)
     path = write_json(args.json, {"model": args.model, "calls_per_graph": args.calls,
                                   "crossover_all": crossover_total(results),
                                   "results": results})

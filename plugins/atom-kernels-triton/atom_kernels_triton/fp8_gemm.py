@@ -10,10 +10,11 @@
   split along K, the fp32 partial sums added in a fixed order by a second kernel.
 - ``w8a8_linear``: from ``w8a8_min_rows`` rows on, x is quantized per row (fp8_quant.py)
   and the product runs on fp8 tensor cores with row-wise scales (x's per row, W's per
-  column), applied to the fp32 accumulator: up to ``W8A8_GEMM_MAX_ROWS`` rows in the same
-  Triton GEMM with both operands e4m3 (``w8a8_matmul``; W x^T, split along K, so that a
-  few rows still keep every SM reading W), past them in ``torch._scaled_mm``, whose tiles
-  fill few SMs below a few hundred rows.
+  column), applied to the fp32 accumulator: in ``torch._scaled_mm``, or, for the shapes
+  and row counts the device's table (``W8A8_OP``) lists, in the same Triton GEMM with both
+  operands e4m3 (W x^T, split along K, so that a few rows still keep every SM reading W,
+  where _scaled_mm's tiles fill few SMs). ``bench/fp8_linear.py --sweep`` writes the table
+  where the Triton GEMM won; CPU tensors (the interpreter) always take it.
 
 Both match ``atom_core.quant.fp8.fp8_linear`` up to the order of their fp32 sums and the
 rounding of the output.
@@ -29,12 +30,15 @@ import triton
 import triton.language as tl
 
 from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight
+from atom_kernels_triton import tuning
 from atom_kernels_triton.fp8_quant import quantize_rows
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 X_DTYPES = (torch.bfloat16, torch.float16)
 H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
-# Up to this many rows W8A8 products run in the Triton GEMM, past it in torch._scaled_mm.
+# The W8A8 GEMM's table (tuning.py): (N, K) -> row bucket (16, 32, 64, 128) -> tiles, or
+# null where torch._scaled_mm was at least as fast. Past the largest bucket, _scaled_mm.
+W8A8_OP = "fp8_w8a8"
 W8A8_GEMM_MAX_ROWS = 128
 
 
@@ -193,10 +197,11 @@ def default_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfi
 
 
 def w8a8_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
-    """Tiles of the W8A8 GEMM (both operands e4m3) up to ``W8A8_GEMM_MAX_ROWS`` rows, from
-    the shape alone: W's tile on the tensor cores' M side (SWAP), up to 64 rows in one tile
-    beside it; BLOCK_N 128 where that alone gives a program per SM, else 64; BLOCK_K 256
-    (an e4m3 tile is half a 16-bit one's bytes); K split as ``default_config`` splits it."""
+    """Tiles of the W8A8 GEMM (both operands e4m3) from the shape alone (CPU tensors, and
+    the sweep's first candidate): W's tile on the tensor cores' M side (SWAP), up to 64
+    rows in one tile beside it; BLOCK_N 128 where that alone gives a program per SM, else
+    64; BLOCK_K 256 (an e4m3 tile is half a 16-bit one's bytes); K split as
+    ``default_config`` splits it."""
     block_m = min(64, max(16, 1 << max(0, m - 1).bit_length()))
     m_tiles = _cdiv(m, block_m)
     block_n = 128 if _cdiv(n, 128) * m_tiles >= num_sms else 64
@@ -280,20 +285,35 @@ def w8a8_ok(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
             and k % 16 == 0)
 
 
+def m_bucket(m: int) -> int:
+    """The W8A8 table's row bucket of m rows: the power of two at or above m, at least 16."""
+    return max(16, 1 << max(0, m - 1).bit_length())
+
+
+def w8a8_table_config(m: int, n: int, k: int, device: torch.device) -> GemmConfig | None:
+    """The Triton W8A8 GEMM's tiles for m rows of an [N, K] weight on ``device``, or None
+    for ``torch._scaled_mm``: CUDA tensors take the device table's entry (none: _scaled_mm,
+    measured or not), CPU tensors (no _scaled_mm) ``w8a8_config``."""
+    if device.type != "cuda":
+        return w8a8_config(m, n, k, _num_sms(device))
+    if m > W8A8_GEMM_MAX_ROWS:
+        return None
+    entry = tuning.table_for(W8A8_OP, device).get((n, k), {}).get(m_bucket(m))
+    return None if entry is None else GemmConfig(**entry)
+
+
 def w8a8_matmul(
     xq: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
     out_dtype: torch.dtype, *, config: GemmConfig | None = None,
 ) -> torch.Tensor:
     """(xq * x_scale[:, None]) @ W^T + bias in ``out_dtype``, rows already quantized (e4m3
-    ``xq`` [M, K], fp32 ``x_scale`` [M]), as ``atom_core.quant.fp8.w8a8_matmul``: up to
-    ``W8A8_GEMM_MAX_ROWS`` rows the Triton GEMM (fp8 tensor cores, K split to fill the SMs),
-    past them ``torch._scaled_mm`` (CUDA), whose tiles leave SMs idle at few rows.
-    ``config`` overrides the Triton GEMM's tiles (for tuning)."""
-    m = xq.shape[0]
+    ``xq`` [M, K], fp32 ``x_scale`` [M]), as ``atom_core.quant.fp8.w8a8_matmul``: the Triton
+    GEMM where ``w8a8_table_config`` (or ``config``, for tuning) gives tiles, else
+    ``torch._scaled_mm``."""
     n, k = weight.qweight.shape
-    if config is not None or m <= W8A8_GEMM_MAX_ROWS or not xq.is_cuda:
-        if config is None:
-            config = w8a8_config(m, n, k, _num_sms(xq.device))
+    if config is None:
+        config = w8a8_table_config(xq.shape[0], n, k, xq.device)
+    if config is not None:
         return _gemm(xq, x_scale, weight, bias, out_dtype, config)
     return torch._scaled_mm(xq, weight.qweight.t(), scale_a=x_scale[:, None],
                             scale_b=weight.scale[None, :], bias=bias, out_dtype=out_dtype)

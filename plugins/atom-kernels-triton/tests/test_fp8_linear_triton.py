@@ -449,10 +449,28 @@ def test_w8a8_config():
             assert c["SPLIT_K"] == want, (n, k, m, c)
 
 
+def test_w8a8_table_picks_the_triton_gemm_or_scaled_mm(monkeypatch):
+    # CUDA tensors: the device table's entry for (N, K) and the row bucket, else (no entry,
+    # a null one, past the largest bucket) torch._scaled_mm; CPU tensors: the heuristic.
+    tiles = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 4, "SWAP": True,
+             "num_warps": 4, "num_stages": 4}
+    table = {(4096, 4096): {16: None, 32: tiles}}
+    monkeypatch.setattr(tuning, "table_for", lambda op, device: table if op == "fp8_w8a8" else {})
+    cuda = torch.device("cuda")
+    assert [fp8_gemm.m_bucket(m) for m in (1, 16, 17, 32, 33, 128)] == [16, 16, 32, 32, 64, 128]
+    assert fp8_gemm.w8a8_table_config(17, 4096, 4096, cuda) == tiles
+    assert fp8_gemm.w8a8_table_config(32, 4096, 4096, cuda) == tiles
+    for m, n in [(8, 4096), (33, 4096), (129, 4096), (32, 6144)]:
+        assert fp8_gemm.w8a8_table_config(m, n, 4096, cuda) is None, (m, n)
+    cpu = torch.device("cpu")
+    assert fp8_gemm.w8a8_table_config(8, 4096, 4096, cpu) == fp8_gemm.w8a8_config(8, 4096, 4096)
+    assert fp8_gemm.w8a8_table_config(512, 64, 64, cpu) == fp8_gemm.w8a8_config(512, 64, 64)
+
+
 def test_rows_pick_the_path(kernels):
     # Up to MAX_ROWS rows: the GEMV; then the weight-only GEMM below w8a8_min_rows; from
-    # there W8A8: the rows quantized, then the same GEMM on e4m3 operands (up to
-    # W8A8_GEMM_MAX_ROWS; torch._scaled_mm past them, on CUDA).
+    # there W8A8: the rows quantized, then (CPU tensors, no _scaled_mm) the same GEMM on
+    # e4m3 operands.
     w = fp8_weight(80, 192, w8a8_min_rows=24)
     gemv_launches, gemm_launches = kernels
     for m, path in [(MAX_ROWS, "gemv"), (MAX_ROWS + 1, "gemm"), (23, "gemm"), (24, "w8a8")]:

@@ -78,16 +78,26 @@ def test_every_path_matches_fp8_linear(shape, m):
 @pytest.mark.parametrize("m", [1, 4, 17, 32, 64, 65, 128, 129])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_w8a8_at_every_row_count(shape, m):
-    # W8A8 from one row (--fp8-w8a8-min-rows 1): the Triton GEMM on e4m3 operands up to
-    # W8A8_GEMM_MAX_ROWS rows, torch._scaled_mm past them.
+    # W8A8 from one row (--fp8-w8a8-min-rows 1), as the device's table routes it, and the
+    # Triton GEMM on e4m3 operands with the shape heuristic's tiles and with a few others.
     q = weight(*SHAPES[shape])
     w = Fp8Weight(q.qweight, q.scale, 1)
+    n, k = w.shape
+    tiles = [fp8_gemm.w8a8_config(m, n, k)]
+    tiles += [fp8_gemm.GemmConfig(BLOCK_M=fp8_gemm.m_bucket(min(m, 64)), BLOCK_N=bn,
+                                  BLOCK_K=bk, SPLIT_K=2, SWAP=swap, num_warps=4, num_stages=3)
+              for bn, bk, swap in [(128, 128, True), (64, 512, False)]]
     for dtype in (torch.bfloat16, torch.float16):
-        x = rand(m, w.shape[1], dtype=dtype, seed=m)
-        b = rand(w.shape[0], dtype=dtype, seed=2)
+        x = rand(m, k, dtype=dtype, seed=m)
+        b = rand(n, dtype=dtype, seed=2)
+        ref = fp8_linear(x, w, b)
         out = linear(x, w, b)
-        assert out.dtype == dtype and out.shape == (m, w.shape[0])
-        assert rel_err(out, fp8_linear(x, w, b)) < tolerance(dtype), (shape, m, dtype)
+        assert out.dtype == dtype and out.shape == (m, n)
+        assert rel_err(out, ref) < tolerance(dtype), (shape, m, dtype)
+        xq, xs = quantize_rows(x)
+        for c in tiles:
+            out = fp8_gemm.w8a8_matmul(xq, xs, w, b, dtype, config=c)
+            assert rel_err(out, ref) < tolerance(dtype), (shape, m, dtype, c)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
