@@ -2,7 +2,7 @@
 weight-only product (``Fp8Weight.w8a8_min_rows``).
 
     python bench/fp8_linear.py [--model qwen3-8b] [--rows 1 4 16 32 64 128 256 512 1024 4096]
-        [--calls 20] [--sweep] [--json bench/results/fp8_linear.json]
+        [--calls 20] [--sweep [wonly] [w8a8]] [--json bench/results/fp8_linear.json]
     python bench/fp8_linear.py --dry-run    # CPU: the plan, and each path once, small
 
 For each of the model's decoder projections (qkv, o, gate_up, down; not the LM head) and
@@ -32,7 +32,8 @@ e4m3 rows written).
 Each in us, with TB/s (weight + x + output bytes: the weight's own size, bf16 activations)
 and TFLOP/s (2 M N K). The summary gives, per projection, the smallest row count from which
 W8A8 is at least as fast as weight-only at every larger count measured, and the sum over
-the four projections. ``--sweep`` also times candidate tiles of the fp8 paths (the GEMV's
+the four projections. ``--sweep`` (both, or the paths named) also times candidate tiles
+of the fp8 paths (the GEMV's
 for rows up to MAX_ROWS, fp8_gemm's weight-only GEMM past them, and its W8A8 GEMM up to
 ``W8A8_GEMM_MAX_ROWS``) and prints the fastest beside the default; it writes the W8A8
 GEMM's table (``configs/fp8_w8a8/<device>.json``, or ``--table``): at each row count that
@@ -79,7 +80,8 @@ ROWS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096]
 NEVER = 1 << 62  # a w8a8_min_rows no batch reaches
 TOLERANCE = 1.6e-2  # bf16 output against the fp32 reference
 PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8", "scaled_mm")
-NORM_FED = ("qkv_proj", "gate_up")  # their input is a pre-norm block's norm
+NORM_FED = ("qkv_proj", "gate_up")
+SWEEPS = ("wonly", "w8a8")  # their input is a pre-norm block's norm
 EPS = 1e-6
 
 
@@ -135,7 +137,7 @@ def with_min_rows(w: Fp8Weight, rows: int) -> Fp8Weight:
 
 
 def bench_projection(
-    proj: str, n: int, k: int, rows: list[int], calls: int, sweep: bool, l2_bytes: int,
+    proj: str, n: int, k: int, rows: list[int], calls: int, sweep: list[str], l2_bytes: int,
 ) -> list[dict[str, Any]]:
     copies = max(1, min(calls, math.ceil(4 * l2_bytes / (n * k))))
     bf16 = [(torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)
@@ -164,10 +166,10 @@ def bench_projection(
         ref = fp8_linear(x, fp8[0], w8a8=False)
         r["fp8_wonly_err"] = rel_err(linear(x, wonly[0]), ref)
         r["fp8_w8a8_err"] = rel_err(linear(x, w8a8[0]), fp8_linear(x, fp8[0], w8a8=True))
-        if sweep:
+        if "wonly" in sweep:
             r["sweep"] = sweep_point(x, wonly, ref, calls, copies)
-            if m <= fp8_gemm.W8A8_GEMM_MAX_ROWS:
-                r["sweep_w8a8"] = sweep_w8a8(x, w8a8, calls, copies)
+        if "w8a8" in sweep and m <= fp8_gemm.W8A8_GEMM_MAX_ROWS:
+            r["sweep_w8a8"] = sweep_w8a8(x, w8a8, calls, copies)
         print(row_line(r), flush=True)
         if proj in NORM_FED:
             r.update(bench_norm_fed(x, w8a8, calls, copies))
@@ -187,12 +189,15 @@ def scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
 
 
 def w8a8_candidates(m: int) -> list[GemmConfig]:
-    """The W8A8 GEMM's sweep: one M tile up to 64 rows (64-row tiles past it), either
-    orientation, W's tile 64 or 128 wide, BLOCK_K 128 to 512, up to 4 splits."""
+    """The W8A8 GEMM's sweep: one M tile up to 64 rows (64-row tiles past it); W's tile on the
+    tensor cores' M side (SWAP), 64 or 128 wide, BLOCK_K 128 or 256, up to 4 splits; and two
+    x W^T tiles."""
     block_m = min(64, max(16, 1 << (m - 1).bit_length()))
-    grid = itertools.product((64, 128), (128, 256, 512), (1, 2, 4), (True, False))
+    swapped = [(bn, bk, s, True) for bn, bk, s in itertools.product((64, 128), (128, 256),
+                                                                     (1, 2, 4))]
+    plain = [(64, 256, s, False) for s in (2, 4)]
     return [GemmConfig(BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, SWAP=sw,
-                       num_warps=4, num_stages=4) for bn, bk, s, sw in grid]
+                       num_warps=4, num_stages=4) for bn, bk, s, sw in swapped + plain]
 
 
 def sweep_w8a8(x: torch.Tensor, weights: list[Fp8Weight], calls: int, copies: int
@@ -408,14 +413,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--rows", type=int, nargs="+", default=ROWS)
     ap.add_argument("--calls", type=int, default=20, help="back-to-back calls per CUDA graph")
-    ap.add_argument("--sweep", action="store_true",
-                    help="also time candidate tiles of the weight-only paths")
+    ap.add_argument("--sweep", nargs="*", choices=SWEEPS, default=None,
+                    help="also time candidate tiles of these fp8 paths (none named: both)")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: print the plan and run each fp8 path once, small")
     ap.add_argument("--table", type=Path,
                     help="the W8A8 table --sweep writes (default: the package's for this GPU)")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "fp8_linear.json")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    # --sweep alone: both paths; not given: none.
+    args.sweep = [] if args.sweep is None else (args.sweep or list(SWEEPS))
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -433,7 +441,7 @@ def main(argv: list[str] | None = None) -> None:
     for proj, n, k in projections(load_config(args.model)):
         results += bench_projection(proj, n, k, args.rows, args.calls, args.sweep, l2_bytes)
     print("\n".join(summary(results)))
-    if args.sweep:
+    if "w8a8" in args.sweep:
         write_w8a8_table(results, args.table, argv)
     path = write_json(args.json, {"model": args.model, "calls_per_graph": args.calls,
                                   "crossover_all": crossover_total(results),

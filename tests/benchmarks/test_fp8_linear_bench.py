@@ -37,3 +37,11 @@ def test_dry_run_checks_every_fp8_path():
     out = subprocess.run([sys.executable, str(BENCH / "fp8_linear.py"), "--dry-run"],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert out.count("W8A8 GEMM rel err") == 4 and out.count("weight-only rel err") == 8
+
+
+def test_sweep_flag():
+    assert fp8_linear.parse_args([]).sweep == []
+    assert fp8_linear.parse_args(["--sweep"]).sweep == ["wonly", "w8a8"]
+    assert fp8_linear.parse_args(["--sweep", "w8a8"]).sweep == ["w8a8"]
+    with pytest.raises(SystemExit):
+        fp8_linear.parse_args(["--sweep", "gemv"])
