@@ -15,6 +15,7 @@ import argparse
 import functools
 import gc
 import json
+import math
 import os
 import platform
 import random
@@ -91,6 +92,14 @@ def write_json(path: str | Path, data: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**stamp(), **data}, indent=1) + "\n")
     return path
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64; infinite where out holds a NaN or an infinity."""
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -70,7 +70,7 @@ from atom_kernels_triton.fp8_quant import quantize_rows  # noqa: E402
 from atom_kernels_triton.gemv import linear, rms_norm_linear  # noqa: E402
 from atom_kernels_triton.gemv_config import MAX_ROWS, GemvConfig, fp8_config  # noqa: E402
 from atom_kernels_triton.norm import fused_add_rms_norm  # noqa: E402
-from common import graph_us, load_config, write_json  # noqa: E402
+from common import graph_us, load_config, rel_err, write_json  # noqa: E402
 
 from atom_core.ops.native.linear import rms_norm_linear as native_rms_norm_linear  # noqa: E402
 from atom_core.ops.native.norm import rms_norm_quant_fp8 as native_rms_norm_quant_fp8  # noqa: E402
@@ -123,13 +123,6 @@ def gemv_candidates(m: int, k: int) -> list[GemvConfig]:
         out.append(GemvConfig(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps,
                               num_stages=stages))
     return out
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return math.inf
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def with_min_rows(w: Fp8Weight, rows: int) -> Fp8Weight:

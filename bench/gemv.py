@@ -58,7 +58,7 @@ from atom_kernels_triton.gemv_config import (  # noqa: E402
     tuned,
 )
 from atom_kernels_triton.norm import fused_add_rms_norm  # noqa: E402
-from common import MODELS, graph_us, load_config  # noqa: E402
+from common import MODELS, graph_us, load_config, rel_err  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
@@ -224,13 +224,6 @@ def write_table(
 
 
 # --- the GPU side ---------------------------------------------------------------------------
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return math.inf
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from atom_kernels_triton import tuning  # noqa: E402
 from atom_kernels_triton.clamped_swiglu_moe import OP, clamped_swiglu_moe  # noqa: E402
 from atom_kernels_triton.fused_moe_config import MoeConfig, get_config  # noqa: E402
-from common import graph_us, load_config, write_json  # noqa: E402
+from common import graph_us, load_config, rel_err, write_json  # noqa: E402
 
 from atom_core.quant.mxfp4 import BLOCK, Mxfp4Weight, dequantize  # noqa: E402
 
@@ -78,13 +78,6 @@ def routing(tokens: int, experts: int, top_k: int, g: torch.Generator, device: s
     logits = torch.randn(tokens, experts, generator=g).to(device)
     top, ids = logits.topk(top_k, dim=-1)
     return torch.softmax(top, dim=-1), ids.to(torch.int32)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return math.inf
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def candidates(tokens: int, top_k: int, experts: int) -> list[MoeConfig]:

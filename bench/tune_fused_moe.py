@@ -34,9 +34,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 from atom_kernels_triton import tuning  # noqa: E402
 from atom_kernels_triton.fused_moe import fused_moe  # noqa: E402
 from atom_kernels_triton.fused_moe_config import OP, MoeConfig, MoeTable, tuned  # noqa: E402
+from common import rel_err  # noqa: E402
 
 from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
 
@@ -85,13 +87,6 @@ def time_ms(fn, graph: bool) -> float:
     if graph:
         return triton.testing.do_bench_cudagraph(fn, rep=20)
     return triton.testing.do_bench(fn, warmup=5, rep=20)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return math.inf
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE,

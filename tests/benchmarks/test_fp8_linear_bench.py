@@ -37,6 +37,10 @@ def test_dry_run_checks_every_fp8_path():
     out = subprocess.run([sys.executable, str(BENCH / "fp8_linear.py"), "--dry-run"],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert out.count("W8A8 GEMM rel err") == 4 and out.count("weight-only rel err") == 8
+    # Each fp8 path against the reference, on the four projections scaled down.
+    errors = [float(line.rsplit("rel err", 1)[1].split()[0].rstrip(","))
+              for line in out.splitlines() if "rel err" in line]
+    assert len(errors) == 14 and max(errors) < 1e-2, errors
 
 
 def test_sweep_flag():
