@@ -25,7 +25,8 @@ engine), queue, prefill, first-token delivery (engine's host to the HTTP respons
 first decode step. Their sum against the client's mean TTFT leaves the client's and the
 connection's share. A server without these histograms (vLLM) gets "n/a". The CPU time the
 server's process (the frontend) and the processes below it (the engine) used over each
-level is read from /proc: a frontend near one core's share is the bottleneck of the level.
+level is read from their CPU-time clocks: a frontend near one core's share is the
+bottleneck of the level.
 
 Server overhead: after the server is gone, ``LLMEngine`` in this process on the same
 directory and flags runs --engine-requests random prompts one after another (greedy,
@@ -522,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(results_table(levels, shape, vllm))
     print("\nwhere the time went, mean ms per request (server's /metrics around each level)\n")
     print(split_table(levels))
-    print("\nCPU of the server's processes over each level (/proc: user + system)\n")
+    print("\nCPU of the server's processes over each level (user + system, all threads)\n")
     print(cpu_table(levels))
     if engine:
         print(f"\nserver overhead at concurrency {base['concurrency']}: client TPOT "

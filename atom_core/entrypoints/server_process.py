@@ -1,6 +1,6 @@
 """``atom serve`` in a subprocess of its own process group: what end-to-end tests and the
 serving benches (bench/serving_overhead.py, bench/serving_gpu.py) start and stop, and the
-CPU time its processes use (/proc). Readiness is polled on
+CPU time its processes use. Readiness is polled on
 ``/health`` with the standard library, so nothing beyond the server's own dependencies is
 needed."""
 
@@ -49,13 +49,19 @@ def socket_inodes(pid: int) -> set[str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system, all threads) process ``pid`` has used; 0.0 once it is
-    gone."""
+    """CPU seconds (all threads, ended ones included) process ``pid`` has used; 0.0 once it
+    is gone. Read from the process's CPU-time clock, to the nanosecond: /proc's tick counts
+    (10 ms) round a short benchmark level's frontend time to zero."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return time.clock_gettime(_process_cpu_clock(pid))
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _process_cpu_clock(pid: int) -> int:
+    # Linux's clock id for another process's CPU time (clock_getcpuclockid(3)): the pid's
+    # complement shifted past the three clock-type bits, 2 = CPUCLOCK_SCHED, whole process.
+    return ((~pid) << 3) | 2
 
 
 def descendant_pids(pid: int) -> list[int]:
