@@ -167,8 +167,8 @@ def test_mla_layer_forward_needs_context_and_cache():
 @pytest.mark.parametrize("kv_scale", [1.0, 0.0137])
 def test_fp8_latent_cache_attends_over_what_it_stored(kv_scale):
     """``--kv_cache_dtype fp8``: each latent row stored as e4m3 of ``row / kv_scale``
-    (saturated); reads of the cache (decodes, chunks after a cached prefix) attend over
-    the stored rows times ``kv_scale``, a prompt computed in one step over its own."""
+    (saturated); every query (decodes, chunks after a cached prefix, a prompt computed in
+    one step) attends over the stored rows times ``kv_scale``."""
     seqs = Sequences([p + n for p, n in MIXED], 4, seed=5, dtype=torch.float8_e4m3fn)
     seqs.backend.kv_scale = kv_scale
     for x in seqs.kv_c:
@@ -185,9 +185,8 @@ def test_fp8_latent_cache_attends_over_what_it_stored(kv_scale):
 
     for s, ((p, n), got) in enumerate(zip(MIXED, outs)):
         kv_c, k_pe = seqs.kv_c[s][: p + n], seqs.k_pe[s][: p + n]
-        if p or n == 1:  # read from the cache
-            kv_c = stored(kv_c).double() * kv_scale
-            k_pe = stored(k_pe).double() * kv_scale
+        kv_c = stored(kv_c).double() * kv_scale
+        k_pe = stored(k_pe).double() * kv_scale
         ref = dense_reference(seqs.q_nope[s][p:], seqs.q_pe[s][p:], kv_c, k_pe, seqs.w)
         torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
         sid = seqs.ids[s]

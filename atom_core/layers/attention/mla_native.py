@@ -5,7 +5,7 @@ padded gather of the latents and one SDPA call attend in latent space (the keys 
 cached ``[kv_c | k_pe]`` rows, the values their ``kv_c`` part), and W_UV maps the result
 back to per-head values. Prefill chunks are not absorbed: one SDPA call per sequence over
 full K/V expanded from the new tokens' latents, or from the cached ones when a prefix is
-cached.
+cached or the cache is fp8 (native.py says why).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.attention.mla import MLABackend
 from atom_core.layers.transfer import host_to_device
-from atom_core.ops.native.kv_cache import dequantize, store_rows
+from atom_core.ops.native.kv_cache import FP8_KV_DTYPE, dequantize, store_rows
 
 
 class NativeMLABackend(MLABackend):
@@ -140,9 +140,9 @@ class NativeMLABackend(MLABackend):
         length: int,
     ) -> torch.Tensor:  # [Lq, H, v]
         query_len = q_nope.shape[0]
-        if query_len == length:
+        if query_len == length and kv_cache.dtype != FP8_KV_DTYPE:
             mask, causal = None, True
-        else:  # a cached prefix: query row r sees keys up to length - query_len + r
+        else:  # over the cache: query row r sees keys up to length - query_len + r
             latents = self._gather(kv_cache, block_table, length, q_nope.dtype)
             kv_c, k_pe = latents.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
             mask = torch.ones(query_len, length, dtype=torch.bool, device=q_nope.device)

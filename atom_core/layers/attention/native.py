@@ -3,6 +3,9 @@
 Decodes (one query token) are batched: one padded gather of their blocks and one SDPA call
 for all of them, whatever else the batch holds. Prefill chunks run one SDPA call per
 sequence, over the new tokens alone when nothing is cached, else over the cached blocks.
+An fp8 cache is always read back, the new tokens too: attention then sees the same rounded
+K/V however the scheduler chunked a prompt (and a prefix-cache hit sees what a miss does),
+so speculative decoding and batching leave greedy output as it is.
 Everything is torch SDPA (fp32 accumulation on CPU); grouped-query heads are never copied.
 A sliding window narrows the masks; sinks join them as one more key (``_add_sinks``).
 """
@@ -15,7 +18,7 @@ import torch.nn.functional as F
 from atom_core.layers.attention.backend import AttentionBackend
 from atom_core.layers.attention.metadata import AttentionMetadata
 from atom_core.layers.transfer import host_to_device
-from atom_core.ops.native.kv_cache import dequantize, write_kv_cache
+from atom_core.ops.native.kv_cache import FP8_KV_DTYPE, dequantize, write_kv_cache
 
 
 class NativeAttentionBackend(AttentionBackend):
@@ -141,7 +144,7 @@ class NativeAttentionBackend(AttentionBackend):
         length: int,
     ) -> torch.Tensor:
         query_len = q.shape[0]
-        if query_len < length:  # a cached prefix: attend over the cache
+        if query_len < length or kv_cache.dtype == FP8_KV_DTYPE:  # over the cache
             k, v = self._gather(kv_cache, block_table, length)
         k = k.transpose(0, 1).unsqueeze(0).to(q.dtype)
         v = v.transpose(0, 1).unsqueeze(0).to(q.dtype)
