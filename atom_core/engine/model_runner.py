@@ -168,16 +168,17 @@ class ModelRunner(SpeculativeSteps):
         return FP8_KV_DTYPE
 
     def _calculate_kv_scales(self, tokenizer: Any) -> None:
-        """``--calculate-kv-scales``: the target model's layers measure theirs
-        (kv_calibration.py) before any cache is planned or graph captured."""
+        """``--calculate-kv-scales``: the target model's layers, and a draft network's,
+        measure theirs (kv_calibration.py) before any cache is planned or graph captured."""
         if tokenizer is None:
             raise ConfigError("--calculate-kv-scales reads a calibration text: the model "
                               "has no tokenizer; give the scales with --kv-cache-scales")
         sched = self.config.scheduler_config
         ids = calibration_ids(tokenizer, min(sched.max_num_batched_tokens,
                                              sched.max_model_len or sched.max_num_batched_tokens))
+        draft = self.drafter.network if self.drafter is not None else None
         logger.info("%s", calculate_kv_scales(self.model, self.attention_layers, ids,
-                                              self.block_size, self.dtype, self.device))
+                                              self.block_size, self.dtype, self.device, draft))
 
     def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:
         return layer.kv_cache_shape(num_blocks, self.block_size)

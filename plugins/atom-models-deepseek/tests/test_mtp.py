@@ -266,6 +266,21 @@ def test_drafts_are_accepted_where_the_mtp_layer_guesses_right(reference, plain_
     assert stats.average_tokens_per_forward > 1.1
 
 
+def test_fp8_kv_cache_scale_of_the_mtp_layer_is_measured(reference):
+    """``--calculate-kv-scales``: the MTP layer's latent cache gets a measured scale, as the
+    target's layers do, and greedy output stays the plain fp8 engine's."""
+    path, _, _, config = reference
+    fp8 = dict(ENGINE, kv_cache_dtype="fp8", calculate_kv_scales=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    plain = LLMEngine(str(path), **fp8).generate(_prompts(config.vocab_size), params)
+    spec = LLMEngine(str(path), method="mtp", num_speculative_tokens=2, **fp8)
+    (scale,) = spec.runner.drafter.attention_layers()[0].kv_scales
+    assert scale != 1.0 and scale not in spec.runner.attention_layers[0].kv_scales
+    outs = spec.generate(_prompts(config.vocab_size), params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain]
+    assert spec.speculator.stats.total_draft_tokens > 0
+
+
 @torch.no_grad()
 def test_without_copies_the_target_embedding_and_head_are_shared(reference, tmp_path):
     path, tensors, _, config = reference

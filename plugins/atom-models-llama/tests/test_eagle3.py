@@ -340,6 +340,21 @@ def test_greedy_output_equals_plain_and_drafts_equal_the_reference(k, buffers,
     assert spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
 
 
+def test_fp8_kv_cache_scales_of_the_draft_are_measured(induction_draft):
+    """``--calculate-kv-scales``: the draft layer reads the calibration text beside the
+    target (the layers the target keeps) and gets scales of its own; greedy output stays the
+    plain fp8 engine's, with drafts accepted."""
+    fp8 = dict(ENGINE, kv_cache_dtype="fp8", calculate_kv_scales=True)
+    plain = LLMEngine(str(tiny_model_dir("llama")), **fp8).generate(PROMPTS, PARAMS)
+    spec = LLMEngine(str(tiny_model_dir("llama")), method="eagle3",
+                     draft_model=str(induction_draft.path), num_speculative_tokens=2, **fp8)
+    (layer,) = spec.runner.drafter.attention_layers()
+    assert all(s != 1.0 for s in layer.kv_scales), layer.kv_scales
+    outs = spec.generate(PROMPTS, PARAMS)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in plain]
+    assert spec.speculator.stats.total_accepted_tokens > 0
+
+
 def test_dummy_weights_build_the_draft_from_its_config(random_draft):
     spec = LLMEngine(str(tiny_model_dir("llama")), method="eagle3", load_dummy="xavier",
                      draft_model=str(random_draft.path), num_speculative_tokens=2,
