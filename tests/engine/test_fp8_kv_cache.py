@@ -99,6 +99,26 @@ def test_a_draft_model_measures_its_scales_as_the_target_does():
     assert stats.total_accepted_tokens == stats.total_draft_tokens
 
 
+@pytest.mark.parametrize("kind", ["llama", "deepseek_v3"])
+def test_a_prefix_cache_hit_scores_what_a_miss_does(kind):
+    """Over an fp8 cache every query reads the rounded K/V, a prompt's own too: the same
+    prompt computed whole, then with its first blocks from the prefix cache, gives the same
+    logprobs up to fp32 rounding (where a prompt attended over its own K/V unrounded, the
+    miss parted from the hit by more)."""
+    engine = LLMEngine(str(tiny_model_dir(kind)), kv_cache_dtype="fp8", device="cpu",
+                       enable_log_stats=False, enable_prefix_caching=True, block_size=4,
+                       kv_cache_scales=[0.05, 0.02] if kind == "llama" else [0.05])
+    prompt = [(5 * i + 2) % 250 for i in range(37)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    miss = engine.generate([prompt], params)[0]
+    hit = engine.generate([prompt], params)[0]
+    assert engine.block_manager.prefix_cache_hit_rate > 0
+    assert hit["token_ids"] == miss["token_ids"]
+    got = [entry.logprob for entry in hit["logprobs"]]
+    want = [entry.logprob for entry in miss["logprobs"]]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
 def test_a_backend_without_an_fp8_cache_is_refused(monkeypatch):
     monkeypatch.setattr(NativeAttentionBackend, "fp8_kv_cache", False)
     with pytest.raises(ConfigError, match="native attention backend has no fp8 KV cache"):
