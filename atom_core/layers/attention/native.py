@@ -3,9 +3,9 @@
 Decodes (one query token) are batched: one padded gather of their blocks and one SDPA call
 for all of them, whatever else the batch holds. Prefill chunks run one SDPA call per
 sequence, over the new tokens alone when nothing is cached, else over the cached blocks.
-An fp8 cache is always read back, the new tokens too: attention then sees the same rounded
-K/V however the scheduler chunked a prompt (and a prefix-cache hit sees what a miss does),
-so speculative decoding and batching leave greedy output as it is.
+An fp8 cache is always read back, the new tokens too, as the Triton kernels read it:
+attention then sees the same rounded K/V however the scheduler chunked a prompt, and a
+prefix-cache hit what a miss does (a speculative verify step chunks unlike plain decoding).
 Everything is torch SDPA (fp32 accumulation on CPU); grouped-query heads are never copied.
 A sliding window narrows the masks; sinks join them as one more key (``_add_sinks``).
 """
