@@ -28,9 +28,14 @@ MXFP4 stacks (``atom_core.quant.mxfp4``) are weight-only at every step size: a t
 the packed bytes and their e8m0 scales, decodes the two e2m1 codes of each byte (the even
 element in the low nibble) by bit arithmetic into fp32, scales them by 2**(scale - 127)
 (exact: a power of two), rounds to the activations' dtype in registers and runs the same
-``tl.dot`` as a model-dtype stack. The blog's rule quantizes the activations from
-``Mxfp4Weight.bf16_bound`` tokens on; that path does not exist here, so past the bound the
-same weight-only kernels run (as the reference does), and nothing is logged per step.
+``tl.dot``. The decoded tile is the dot's left operand (the kernels compute ``W @ x.T``
+and transpose the accumulator): Hopper's wgmma takes its left operand from registers, where
+the decode leaves it, and its right one from shared memory, where the pipeliner already
+stages x's rows. With the weights on the right, Triton 3.6 (sm_90) has to stage the decoded
+tile in shared memory, and it fails to compile 28 of the 32 tiles of 64 or 128 rows. The
+blog's rule quantizes the activations from ``Mxfp4Weight.bf16_bound`` tokens on; that path
+does not exist here, so past the bound the same weight-only kernels run (as the reference
+does), and nothing is logged per step.
 
 Every size is fixed by (T, k, E, H, I) and the config: no host sync, no data-dependent
 shape, so a step using it can be captured in a CUDA graph. The kernels round where the
@@ -76,7 +81,7 @@ def e8m0_to_f32(scale):
 @triton.jit
 def mxfp4_tile(blocks_ptr, scales_ptr, b_stride_n, s_stride_n, rows, row_ok, k0, K,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr):
-    """The [BLOCK_K, BLOCK_N] tile ``W[rows, k0:k0+BLOCK_K].T`` of an MXFP4 weight [N, K]
+    """The [BLOCK_N, BLOCK_K] tile ``W[rows, k0:k0+BLOCK_K]`` of an MXFP4 weight [N, K]
     (bytes [N, K/2] and scales [N, K/32], unit stride along K) in ``dtype``; zero where a
     row is not ``row_ok`` or past K. BLOCK_K is a multiple of 32: the tile holds whole
     scale groups, loaded as [rows, groups, 16 bytes] so each scale broadcasts over its own
@@ -92,19 +97,14 @@ def mxfp4_tile(blocks_ptr, scales_ptr, b_stride_n, s_stride_n, rows, row_ok, k0,
     lo = (e2m1_to_f32(packed & 15) * scale).to(dtype)
     hi = (e2m1_to_f32(packed >> 4) * scale).to(dtype)
     # Element 2j of a group is byte j's low nibble, 2j + 1 its high one.
-    w = tl.reshape(tl.interleave(lo, hi), (BLOCK_N, BLOCK_K))
-    return tl.trans(w)
+    return tl.reshape(tl.interleave(lo, hi), (BLOCK_N, BLOCK_K))
 
 
 @triton.jit
-def _weight_tile(w_ptr, s_ptr, w_stride_n, w_stride_k, s_stride_n, rows, row_ok, k0, K,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dtype: tl.constexpr,
-                 MXFP4: tl.constexpr):
-    """[BLOCK_K, BLOCK_N] of one expert's weight [N, K] (its ``rows``), transposed for
-    ``tl.dot``."""
-    if MXFP4:
-        return mxfp4_tile(w_ptr, s_ptr, w_stride_n, s_stride_n, rows, row_ok, k0, K, BLOCK_N,
-                          BLOCK_K, dtype)
+def _plain_tile(w_ptr, w_stride_n, w_stride_k, rows, row_ok, k0, K, BLOCK_K: tl.constexpr,
+                dtype: tl.constexpr):
+    """[BLOCK_K, BLOCK_N] of one expert's model-dtype weight [N, K] (its ``rows``),
+    transposed for ``tl.dot``."""
     kk = k0 + tl.arange(0, BLOCK_K)
     w = tl.load(w_ptr + kk[:, None] * w_stride_k + rows[None, :] * w_stride_n,
                 mask=(kk < K)[:, None] & row_ok[None, :], other=0.0)
@@ -140,25 +140,41 @@ def _gate_up_kernel(
         w_base = w_ptr + expert * w_stride_e
         s_base = s_ptr + expert * s_stride_e
         ks = tl.arange(0, BLOCK_K)
-        gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
-            kk = k0 + ks
-            a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :],
-                        mask=valid[:, None] & (kk < hidden)[None, :], other=0.0)
-            wg = _weight_tile(w_base, s_base, w_stride_n, w_stride_k, s_stride_n, gate_rows,
-                              col_ok, k0, hidden, BLOCK_N, BLOCK_K, a.dtype, MXFP4)
-            wu = _weight_tile(w_base, s_base, w_stride_n, w_stride_k, s_stride_n, up_rows,
-                              col_ok, k0, hidden, BLOCK_N, BLOCK_K, a.dtype, MXFP4)
-            gate = tl.dot(a, wg, gate, input_precision=PRECISION)
-            up = tl.dot(a, wu, up, input_precision=PRECISION)
+        dt = out_ptr.dtype.element_ty
+        if MXFP4:  # weights on the left: module docstring
+            gate_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            up_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k0 in range(0, hidden, BLOCK_K):
+                kk = k0 + ks
+                a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :],
+                            mask=valid[:, None] & (kk < hidden)[None, :], other=0.0)
+                a_t = tl.trans(a)
+                wg = mxfp4_tile(w_base, s_base, w_stride_n, s_stride_n, gate_rows, col_ok, k0,
+                                hidden, BLOCK_N, BLOCK_K, dt)
+                gate_t = tl.dot(wg, a_t, gate_t, input_precision=PRECISION)
+                wu = mxfp4_tile(w_base, s_base, w_stride_n, s_stride_n, up_rows, col_ok, k0,
+                                hidden, BLOCK_N, BLOCK_K, dt)
+                up_t = tl.dot(wu, a_t, up_t, input_precision=PRECISION)
+            gate, up = tl.trans(gate_t), tl.trans(up_t)
+        else:
+            gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, hidden, BLOCK_K):
+                kk = k0 + ks
+                a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :],
+                            mask=valid[:, None] & (kk < hidden)[None, :], other=0.0)
+                wg = _plain_tile(w_base, w_stride_n, w_stride_k, gate_rows, col_ok, k0, hidden,
+                                 BLOCK_K, dt)
+                wu = _plain_tile(w_base, w_stride_n, w_stride_k, up_rows, col_ok, k0, hidden,
+                                 BLOCK_K, dt)
+                gate = tl.dot(a, wg, gate, input_precision=PRECISION)
+                up = tl.dot(a, wu, up, input_precision=PRECISION)
         if HAS_BIAS:
             b = bias_ptr + expert * bias_stride_e
             gate += tl.load(b + gate_rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             up += tl.load(b + up_rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         # The reference's steps, each rounded as its torch op rounds:
         # (clamp(up, -l, l) + 1) * min(gate, l) * sigmoid(min(gate, l) * alpha).
-        dt = out_ptr.dtype.element_ty
         g = _rounded(tl.minimum(_rounded(gate, dt), limit), dt)
         u = _rounded(tl.clamp(_rounded(up, dt), -limit, limit), dt)
         glu = _rounded(_rounded(u + 1.0, dt) * g, dt)
@@ -191,20 +207,32 @@ def _down_kernel(
         w_base = w_ptr + expert * w_stride_e
         s_base = s_ptr + expert * s_stride_e
         ks = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            kk = k0 + ks
-            a = tl.load(act_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :],
-                        mask=valid[:, None] & (kk < inter)[None, :], other=0.0)
-            w = _weight_tile(w_base, s_base, w_stride_n, w_stride_k, s_stride_n, cols, col_ok,
-                             k0, inter, BLOCK_N, BLOCK_K, a.dtype, MXFP4)
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        dt = act_ptr.dtype.element_ty
+        if MXFP4:  # weights on the left: module docstring
+            acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for k0 in range(0, inter, BLOCK_K):
+                kk = k0 + ks
+                a = tl.load(act_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :],
+                            mask=valid[:, None] & (kk < inter)[None, :], other=0.0)
+                w = mxfp4_tile(w_base, s_base, w_stride_n, s_stride_n, cols, col_ok, k0, inter,
+                               BLOCK_N, BLOCK_K, dt)
+                acc_t = tl.dot(w, tl.trans(a), acc_t, input_precision=PRECISION)
+            acc = tl.trans(acc_t)
+        else:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k0 in range(0, inter, BLOCK_K):
+                kk = k0 + ks
+                a = tl.load(act_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :],
+                            mask=valid[:, None] & (kk < inter)[None, :], other=0.0)
+                w = _plain_tile(w_base, w_stride_n, w_stride_k, cols, col_ok, k0, inter,
+                                BLOCK_K, dt)
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + expert * bias_stride_e + cols, mask=col_ok,
                            other=0.0).to(tl.float32)[None, :]
         # topk_weights [T, k] contiguous: the flat pair index is its offset.
         scale = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
-        y = _rounded(acc, act_ptr.dtype.element_ty) * scale[:, None]
+        y = _rounded(acc, dt) * scale[:, None]
         tl.store(out_ptr + pair[:, None].to(tl.int64) * hidden + cols[None, :], y,
                  mask=valid[:, None] & col_ok[None, :])
 

@@ -164,13 +164,13 @@ def test_table_config_path():
 @triton.jit
 def _decode_kernel(blocks_ptr, scales_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
-    """out [N, K] = the weight, one [BLOCK_K, BLOCK_N] tile a program."""
+    """out [N, K] = the weight, one [BLOCK_N, BLOCK_K] tile a program."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     k0 = tl.program_id(1) * BLOCK_K
     w = mxfp4_tile(blocks_ptr, scales_ptr, K // 2, K // 32, rows, rows < N, k0, K, BLOCK_N,
                    BLOCK_K, DTYPE)
     kk = k0 + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[None, :] * K + kk[:, None], w, mask=(rows < N)[None, :])
+    tl.store(out_ptr + rows[:, None] * K + kk[None, :], w, mask=(rows < N)[:, None])
 
 
 # Over the normal fp32 range of every code (2**-126 .. 6 * 2**123), and 2**0.
