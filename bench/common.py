@@ -128,16 +128,21 @@ def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[
 WEIGHT_SCHEMES = ("normal", "vllm")
 
 
+# e8m0 2**-7: uniform e2m1 codes (RMS 2.93) then have an RMS of 0.023, about N(0, 0.02)'s.
+MXFP4_SCALE = 120
+
+
 @torch.no_grad()
 def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> None:
     """Random weights drawn on the device (never time on zeros or uninitialised memory).
 
-    ``normal``: matrices N(0, 0.02), vectors (norm weights, biases) 1. ``vllm``: what vLLM's
-    dummy loader draws (vLLM's published figures were taken on dummy weights): every floating
-    parameter uniform in [-1e-3, 1e-3] from a generator seeded 1234 afresh for each
-    parameter, so a parameter's values depend only on its size. A MoE step's time follows
-    the experts its tokens touch (the bench prints them per layer), so the scheme could
-    change the workload; on the benchmarked MoE models both route near-uniformly under
+    ``normal``: matrices N(0, 0.02), vectors (norm weights, biases) 1; MXFP4 stacks (uint8)
+    uniform random codes under one e8m0 scale (``MXFP4_SCALE``), whatever the scheme.
+    ``vllm``: what vLLM's dummy loader draws (vLLM's published figures were taken on dummy
+    weights): every floating parameter uniform in [-1e-3, 1e-3] from a generator seeded 1234
+    afresh for each parameter, so a parameter's values depend only on its size. A MoE step's
+    time follows the experts its tokens touch (the bench prints them per layer), so the
+    scheme could change the workload; on the benchmarked MoE models both route near-uniformly under
     ATOM's fp32 router. vLLM's DeepSeek router scores in bf16, where these weights tie every
     score: ``tie_routers`` gives that workload."""
     if scheme not in WEIGHT_SCHEMES:
@@ -149,6 +154,11 @@ def randomize(model: torch.nn.Module, seed: int = 0, scheme: str = "normal") -> 
             _randomize_fp8(p, named[f"{name}_scale"], scheme)
         elif name.endswith("_scale") and named.get(name[:-6], p).dtype == torch.float8_e4m3fn:
             continue  # set with its weight
+        elif p.dtype == torch.uint8:  # MXFP4 experts: e2m1 code pairs and e8m0 scales
+            if name.endswith("_scale"):
+                p.fill_(MXFP4_SCALE)
+            else:
+                p.random_(0, 256)
         elif scheme == "vllm":
             if p.is_floating_point():
                 gen = torch.Generator(device=p.device).manual_seed(1234)

@@ -216,6 +216,24 @@ def test_randomize_schemes():
         decode_latency.parse_args(["--weights", "xavier"])
 
 
+def test_randomize_draws_mxfp4_stacks():
+    """uint8 parameters are MXFP4 bytes and scales (gpt-oss): codes drawn, scales set."""
+    model = nn.Module()
+    model.w13_weight = nn.Parameter(torch.zeros(2, 64, 16, dtype=torch.uint8),
+                                    requires_grad=False)
+    model.w13_weight_scale = nn.Parameter(torch.zeros(2, 64, 1, dtype=torch.uint8),
+                                          requires_grad=False)
+    for scheme in common.WEIGHT_SCHEMES:
+        model.w13_weight.zero_()
+        common.randomize(model, scheme=scheme)
+        assert len(model.w13_weight.unique()) == 256
+        assert torch.all(model.w13_weight_scale == common.MXFP4_SCALE)
+    from atom_core.quant.mxfp4 import dequantize
+
+    rms = dequantize(model.w13_weight, model.w13_weight_scale, torch.float32).pow(2).mean().sqrt()
+    assert 0.015 < rms < 0.03
+
+
 def test_tied_routers_send_every_token_to_the_same_experts(build):
     """ATOM's engines: after tie_routers three sequences touch top-k (2) experts a layer,
     where drawn routers spread them (test_step_bytes_... sees 2-6)."""
