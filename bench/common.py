@@ -272,10 +272,12 @@ def kv_bytes_per_token(cfg: dict[str, Any], elem: int = 2) -> int:
 
 
 def moe_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Every FusedMoE (stacked experts) of the model, by module name."""
-    from atom_core.layers.moe import FusedMoE
-
-    return {name: m for name, m in model.named_modules() if isinstance(m, FusedMoE)}
+    """Every stack of experts of the model, by module name: a module that holds
+    ``w13_weight`` and ``w2_weight`` stacks (experts first) and is called with
+    ``(x, topk_weights, topk_ids)``, as the core's FusedMoE and gpt-oss's experts are."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(getattr(m, "w13_weight", None), torch.Tensor)
+            and isinstance(getattr(m, "w2_weight", None), torch.Tensor)}
 
 
 def expert_slots(moe: torch.nn.Module) -> tuple[int, int]:
@@ -286,8 +288,11 @@ def expert_slots(moe: torch.nn.Module) -> tuple[int, int]:
 
 
 def expert_bytes(moe: torch.nn.Module) -> int:
-    """Bytes of one expert's weights: its slice of w13 and of w2."""
-    return sum(w[0].numel() * w.element_size() for w in (moe.w13_weight, moe.w2_weight))
+    """Bytes of one expert's weights: its slice of w13 and of w2, and of their scales where
+    they are quantized (fp8 rows, MXFP4 groups)."""
+    names = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
+    stacks = [w for w in (getattr(moe, n, None) for n in names) if isinstance(w, torch.Tensor)]
+    return sum(w[0].numel() * w.element_size() for w in stacks)
 
 
 def shared_experts(cfg: dict[str, Any]) -> int:

@@ -234,6 +234,33 @@ def test_randomize_draws_mxfp4_stacks():
     assert 0.015 < rms < 0.03
 
 
+class _PackedExperts(nn.Module):
+    """Stacks shaped as gpt-oss's MXFP4 experts (4 experts, H = I = 64), called as they are."""
+
+    def __init__(self):
+        super().__init__()
+        for name, shape in (("w13_weight", (4, 128, 32)), ("w13_weight_scale", (4, 128, 2)),
+                            ("w2_weight", (4, 64, 32)), ("w2_weight_scale", (4, 64, 2))):
+            self.register_parameter(name, nn.Parameter(torch.zeros(shape, dtype=torch.uint8),
+                                                       requires_grad=False))
+
+    def forward(self, x, topk_weights, topk_ids):
+        return x
+
+
+def test_the_roofline_counts_experts_outside_the_core_by_their_stacks():
+    """A plugin's experts (no FusedMoE) are found by their stacks, counted by the ids they
+    are called with, and read with their scales: (128 + 64) * (32 + 2) bytes an expert."""
+    model = nn.Sequential(nn.Linear(8, 8), _PackedExperts())
+    assert list(common.moe_layers(model)) == ["1"]
+    assert common.expert_bytes(model[1]) == (128 + 64) * (32 + 2)
+    with common.ExpertCounter(model) as counter:
+        model[1](torch.zeros(3, 8), torch.ones(3, 2), torch.tensor([[0, 1], [1, 2], [0, 2]]))
+    assert counter.means() == {"1": 3.0}
+    dense = (64 + 8) * 4
+    assert common.step_bytes(model, 3, {"1": 3.0}) == dense + 3 * (128 + 64) * 34
+
+
 def test_tied_routers_send_every_token_to_the_same_experts(build):
     """ATOM's engines: after tie_routers three sequences touch top-k (2) experts a layer,
     where drawn routers spread them (test_step_bytes_... sees 2-6)."""
