@@ -17,6 +17,7 @@ import datetime
 import functools
 import json
 import logging
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -114,7 +115,12 @@ def in_model(op: str, device: str | None) -> frozenset[tuple[int, ...]]:
 
 
 def git_commit(repo: Path = CONFIG_DIR) -> str:
-    """The checkout's HEAD, for a table's header ("unknown" outside a git checkout)."""
+    """The commit for a table's header: ``ATOM_BENCH_COMMIT`` where it is a full hash (a
+    device machine's copy of the tree has no .git of its own), else the checkout's HEAD,
+    else "unknown"."""
+    named = os.environ.get("ATOM_BENCH_COMMIT", "").strip()
+    if re.fullmatch(r"[0-9a-f]{40}", named):
+        return named
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True

@@ -72,6 +72,19 @@ def test_dump_then_load_round_trips(tmp_path):
     assert tuning.decode_configs(data["configs"]) == table
 
 
+def test_a_table_names_the_commit_the_bench_was_given(tmp_path, monkeypatch):
+    """A device's copied tree has no .git: a full ATOM_BENCH_COMMIT names the commit;
+    anything else (a short hash) leaves it to git."""
+    path = tmp_path / "t.json"
+    monkeypatch.setenv("ATOM_BENCH_COMMIT", "ab" * 20)
+    tuning.dump(path, "Some GPU", {}, "python bench/gemv.py")
+    assert json.loads(path.read_text())["commit"] == "ab" * 20
+    monkeypatch.setenv("ATOM_BENCH_COMMIT", "abababa")
+    tuning.dump(path, "Some GPU", {}, "python bench/gemv.py")
+    assert json.loads(path.read_text())["commit"] == tuning.git_commit()
+    assert tuning.git_commit() != "abababa"
+
+
 GEMV_H200 = [  # (m, n, k, elem_size) -> (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
     ((1, 1024, 2048, 2), (4, 2048, 1, 4, 2)),
     ((1, 6144, 1024, 2), (8, 1024, 1, 4, 2)),
