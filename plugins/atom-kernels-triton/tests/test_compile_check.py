@@ -25,16 +25,18 @@ def run(*args: str, interpret: bool = False, cache=None) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_tiles_of_64_and_128_rows_compile_for_sm90(tmp_path):
-    """Two tiles each of 64 and 128 rows, where Triton 3.6 failed before the decoded weights
+    """A tile of 64 rows and one of 128, where Triton 3.6 failed before the decoded weights
     became the dot's left operand (a failure exits 1 and names the error on its line)."""
-    out = run("--arch", "90", "--block-m", "64", "--limit", "2", cache=tmp_path)
-    more = run("--arch", "90", "--block-m", "128", "--limit", "2", cache=tmp_path)
-    for o in (out, more):
-        assert o.returncode == 0, o.stdout + o.stderr
-        lines = [line for line in o.stdout.splitlines() if line.startswith("_")]
-        assert len(lines) == 4 and all(line.endswith(": ok") for line in lines)
-        assert "sm_90, bf16: 0 failed" in o.stdout
-    assert "'BLOCK_M': 64" in out.stdout and "'BLOCK_M': 128" in more.stdout
+    for block_m in ("64", "128"):
+        out = run("--arch", "90", "--block-m", block_m, "--limit", "1", cache=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        lines = [line for line in out.stdout.splitlines() if line.startswith("_")]
+        assert len(lines) == 2 and all(line.endswith(": ok") for line in lines)
+        assert all(f"'BLOCK_M': {block_m}," in line for line in lines)
+        assert "sm_90, bf16: 0 failed" in out.stdout
+    # A target that ptxas refuses these kernels for (sm_70) counts as failed, and says so.
+    out = run("--arch", "70", "--limit", "1", cache=tmp_path)
+    assert out.returncode == 1 and "sm_70, bf16: 2 failed" in out.stdout
 
 
 def test_refuses_the_interpreter():
