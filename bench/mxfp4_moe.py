@@ -44,7 +44,11 @@ if "--dry-run" in sys.argv and not torch.cuda.is_available():
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from atom_kernels_triton import tuning  # noqa: E402
-from atom_kernels_triton.clamped_swiglu_moe import OP, clamped_swiglu_moe  # noqa: E402
+from atom_kernels_triton.clamped_swiglu_moe import (  # noqa: E402
+    OP,
+    TILE_SPACE,
+    clamped_swiglu_moe,
+)
 from atom_kernels_triton.fused_moe_config import MoeConfig, get_config  # noqa: E402
 from common import graph_us, load_config, rel_err, write_json  # noqa: E402
 
@@ -52,8 +56,6 @@ from atom_core.quant.mxfp4 import BLOCK, Mxfp4Weight, dequantize  # noqa: E402
 
 TOKENS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
 TOLERANCE = 1.6e-2  # bf16 outputs of the same values, summed in another order
-SPACE = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (64, 128),
-         "num_warps": (4, 8), "num_stages": (3, 4)}
 
 
 def model_shape(name: str) -> tuple[int, int, int, int, float, float]:
@@ -83,7 +85,8 @@ def routing(tokens: int, experts: int, top_k: int, g: torch.Generator, device: s
 def candidates(tokens: int, top_k: int, experts: int) -> list[MoeConfig]:
     rows = max(1.0, tokens * top_k / experts)
     max_m = max(16, 4 * 2 ** math.ceil(math.log2(rows)))  # taller tiles are mostly padding
-    return [MoeConfig(zip(SPACE, values)) for values in itertools.product(*SPACE.values())
+    return [MoeConfig(zip(TILE_SPACE, values))
+            for values in itertools.product(*TILE_SPACE.values())
             if values[0] <= max_m]
 
 

@@ -58,6 +58,9 @@ from atom_kernels_triton.moe_align import align_by_expert, aligned_capacity
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 OP = "clamped_swiglu_moe"
+# The tiles bench/mxfp4_moe.py --sweep times and compile_check builds.
+TILE_SPACE = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (64, 128),
+              "num_warps": (4, 8), "num_stages": (3, 4)}
 
 
 @triton.jit
@@ -112,6 +115,15 @@ def _plain_tile(w_ptr, w_stride_n, w_stride_k, rows, row_ok, k0, K, BLOCK_K: tl.
 
 
 @triton.jit
+def _rows_tile(ptr, row_offsets, valid, k0, K, BLOCK_K: tl.constexpr):
+    """[BLOCK_M, BLOCK_K] of the rows starting at ``row_offsets`` (elements), columns
+    ``k0:k0+BLOCK_K``; zero for rows not ``valid`` and past K."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(ptr + row_offsets[:, None] + kk[None, :],
+                   mask=valid[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
 def _rounded(x, dt: tl.constexpr):
     """x rounded to the model dtype, back in fp32: where the reference's torch op ends."""
     return x.to(dt).to(tl.float32)
@@ -133,22 +145,18 @@ def _gate_up_kernel(
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(pairs_ptr + rows)
         valid = pair < num_pairs
-        token = (pair // top_k).to(tl.int64)
+        x_rows = (pair // top_k).to(tl.int64) * x_stride
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < inter
         gate_rows, up_rows = 2 * cols, 2 * cols + 1  # w13's rows interleave gate and up
         w_base = w_ptr + expert * w_stride_e
         s_base = s_ptr + expert * s_stride_e
-        ks = tl.arange(0, BLOCK_K)
         dt = out_ptr.dtype.element_ty
         if MXFP4:  # weights on the left: module docstring
             gate_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             up_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for k0 in range(0, hidden, BLOCK_K):
-                kk = k0 + ks
-                a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :],
-                            mask=valid[:, None] & (kk < hidden)[None, :], other=0.0)
-                a_t = tl.trans(a)
+                a_t = tl.trans(_rows_tile(x_ptr, x_rows, valid, k0, hidden, BLOCK_K))
                 wg = mxfp4_tile(w_base, s_base, w_stride_n, s_stride_n, gate_rows, col_ok, k0,
                                 hidden, BLOCK_N, BLOCK_K, dt)
                 gate_t = tl.dot(wg, a_t, gate_t, input_precision=PRECISION)
@@ -160,9 +168,7 @@ def _gate_up_kernel(
             gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k0 in range(0, hidden, BLOCK_K):
-                kk = k0 + ks
-                a = tl.load(x_ptr + token[:, None] * x_stride + kk[None, :],
-                            mask=valid[:, None] & (kk < hidden)[None, :], other=0.0)
+                a = _rows_tile(x_ptr, x_rows, valid, k0, hidden, BLOCK_K)
                 wg = _plain_tile(w_base, w_stride_n, w_stride_k, gate_rows, col_ok, k0, hidden,
                                  BLOCK_K, dt)
                 wu = _plain_tile(w_base, w_stride_n, w_stride_k, up_rows, col_ok, k0, hidden,
@@ -206,14 +212,12 @@ def _down_kernel(
         col_ok = cols < hidden
         w_base = w_ptr + expert * w_stride_e
         s_base = s_ptr + expert * s_stride_e
-        ks = tl.arange(0, BLOCK_K)
+        act_rows = rows.to(tl.int64) * inter
         dt = act_ptr.dtype.element_ty
         if MXFP4:  # weights on the left: module docstring
             acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for k0 in range(0, inter, BLOCK_K):
-                kk = k0 + ks
-                a = tl.load(act_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :],
-                            mask=valid[:, None] & (kk < inter)[None, :], other=0.0)
+                a = _rows_tile(act_ptr, act_rows, valid, k0, inter, BLOCK_K)
                 w = mxfp4_tile(w_base, s_base, w_stride_n, s_stride_n, cols, col_ok, k0, inter,
                                BLOCK_N, BLOCK_K, dt)
                 acc_t = tl.dot(w, tl.trans(a), acc_t, input_precision=PRECISION)
@@ -221,9 +225,7 @@ def _down_kernel(
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for k0 in range(0, inter, BLOCK_K):
-                kk = k0 + ks
-                a = tl.load(act_ptr + rows[:, None].to(tl.int64) * inter + kk[None, :],
-                            mask=valid[:, None] & (kk < inter)[None, :], other=0.0)
+                a = _rows_tile(act_ptr, act_rows, valid, k0, inter, BLOCK_K)
                 w = _plain_tile(w_base, w_stride_n, w_stride_k, cols, col_ok, k0, inter,
                                 BLOCK_K, dt)
                 acc = tl.dot(a, w, acc, input_precision=PRECISION)

@@ -29,9 +29,6 @@ from triton.runtime.jit import JITFunction
 
 from atom_kernels_triton import clamped_swiglu_moe as csm
 
-# The tiles bench/mxfp4_moe.py sweeps.
-SPACE = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (64, 128), "BLOCK_K": (64, 128),
-         "num_warps": (4, 8), "num_stages": (3, 4)}
 # gpt-oss-20b: 32 experts, top-4, hidden = intermediate = 2880; MXFP4 stacks of w13 [E, 2I,
 # H/2] bytes with [E, 2I, H/32] scales and w2 [E, H, I/2] with [E, H, I/32]; 1024 tokens.
 HID = INTER = 2880
@@ -78,7 +75,8 @@ def source(kernel: Any, tile: dict[str, int], dtype: str) -> ASTSource:
 
 
 def tiles() -> list[dict[str, int]]:
-    return [dict(zip(SPACE, values)) for values in itertools.product(*SPACE.values())]
+    space = csm.TILE_SPACE
+    return [dict(zip(space, values)) for values in itertools.product(*space.values())]
 
 
 def check(kernel: Any, tile: dict[str, int], dtype: str, arch: int) -> str | None:
