@@ -95,6 +95,16 @@ class SchedulerConfig:
         "--max-num-batched-tokens. 0: no cap of its own (an LLMEngine built from keyword "
         "options, offline, defaults to 0)",
     )
+    # The first wave of a burst is the tail of TTFT: with decodes running, 63 prompts that
+    # arrive together enter 448 tokens a step, the last after ~70 steps. Past this wait the
+    # overdue prompts are taken whole, in steps of up to --max-num-batched-tokens.
+    prefill_deadline_ms: float = opt(
+        250.0, ("--prefill-deadline-ms",),
+        "a prompt that has waited this long (ms, since it arrived) for its prefill is no longer "
+        "held to --mixed-prefill-tokens: the steps take every overdue prompt's tokens, up to "
+        "--max-num-batched-tokens, so a burst of arrivals is not trickled in beside the "
+        "decodes for longer than this. 0: never",
+    )
     scheduler_delay_factor: float = opt(
         0.0, ("--scheduler-delay-factor",),
         "wait this fraction of the last step's latency before admitting a new prompt, "
@@ -468,6 +478,8 @@ class Config:
             raise ConfigError("--mixed-prefill-tokens must be >= 0 (0: no cap of its own)")
         if s.max_model_len is not None and s.max_model_len < 1:
             raise ConfigError("--max-model-len must be >= 1")
+        if s.prefill_deadline_ms < 0:
+            raise ConfigError("--prefill-deadline-ms must be >= 0 (0: never)")
         if s.scheduler_delay_factor < 0:
             raise ConfigError("--scheduler-delay-factor must be >= 0")
         if m.chat_template is not None:

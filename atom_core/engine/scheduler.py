@@ -73,6 +73,7 @@ class Scheduler:
         self.mixed_prefill_tokens = (
             scheduler_config.mixed_prefill_tokens or scheduler_config.max_num_batched_tokens
         )
+        self.prefill_deadline = scheduler_config.prefill_deadline_ms / 1000.0
         self.delay_factor = scheduler_config.scheduler_delay_factor
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -154,11 +155,14 @@ class Scheduler:
 
         A step holds at most --max-num-batched-tokens tokens, and while any sequence decodes,
         at most --mixed-prefill-tokens of them are prompt tokens (``prefill`` below): each
-        decode then waits for one bounded chunk of prefill, not for whole prompts."""
+        decode then waits for one bounded chunk of prefill, not for whole prompts. Prompts
+        past --prefill-deadline-ms lift that cap by what they have left to compute."""
         batch = ScheduledBatch(scheduled_at=self.clock())
         budget = self.max_num_batched_tokens
         decoding = any(self._decodes(s) and s.seq_id not in skip for s in self.running)
-        prefill = self.mixed_prefill_tokens if decoding else budget
+        prefill = budget
+        if decoding:
+            prefill = max(self.mixed_prefill_tokens, self._overdue_tokens(batch.scheduled_at))
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -204,6 +208,23 @@ class Scheduler:
     def _decodes(seq: Sequence) -> bool:
         """seq has its prompt computed and computes one token, its newest, next."""
         return seq.num_uncomputed_tokens == 1 and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+    def _overdue_tokens(self, now: float) -> int:
+        """Tokens left to compute of the prompts (running chunked prefills, then the waiting,
+        oldest first) that arrived --prefill-deadline-ms or more before ``now``. FCFS gives
+        the lifted budget to them: nothing newer is ahead of them in either queue."""
+        if self.prefill_deadline <= 0:
+            return 0
+        cutoff = now - self.prefill_deadline
+        total = 0
+        for seq in self.running:
+            if not self._decodes(seq) and self._arrival[seq.request_id] <= cutoff:
+                total += seq.num_uncomputed_tokens
+        for seq in self.waiting:  # in arrival order: stop at the first that is not late
+            if self._arrival[seq.request_id] > cutoff:
+                break
+            total += seq.num_tokens
+        return total
 
     def _lookahead(self, seq: Sequence, n: int, drafts: int, computed: int | None = None) -> int:
         """Lookahead slots for seq computing ``n`` of its own tokens and ``drafts`` more from

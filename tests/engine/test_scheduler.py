@@ -17,9 +17,11 @@ BS = 4
 
 
 def make_scheduler(num_blocks=16, max_num_seqs=8, max_tokens_per_step=16, caching=False,
-                   delay=0.0, clock=None, max_model_len=256, mixed_prefill=0) -> Scheduler:
+                   delay=0.0, clock=None, max_model_len=256, mixed_prefill=0,
+                   deadline_ms=0.0) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens_per_step,
-                             scheduler_delay_factor=delay, mixed_prefill_tokens=mixed_prefill)
+                             scheduler_delay_factor=delay, mixed_prefill_tokens=mixed_prefill,
+                             prefill_deadline_ms=deadline_ms)
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=caching)
     kwargs = {"clock": clock} if clock else {}
     return Scheduler(config, bm, max_model_len, **kwargs)
@@ -70,14 +72,17 @@ class FakeKV:
                 self.slots[(block, pos % BS)] = seq.token_ids[pos]
 
 
-@pytest.mark.parametrize("mixed_prefill", [0, 3])
+@pytest.mark.parametrize(("mixed_prefill", "deadline_steps"), [(0, 0), (3, 0), (3, 4)])
 @pytest.mark.parametrize("caching", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
+def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int,
+                               deadline_steps: int):
     rng = random.Random(seed)
     max_seqs, budget, num_blocks = 4, 16, 12
+    clock = [0.0]  # one second a step: the deadline is a number of steps
     sched = make_scheduler(num_blocks, max_seqs, budget, caching=caching,
-                           mixed_prefill=mixed_prefill)
+                           mixed_prefill=mixed_prefill, deadline_ms=deadline_steps * 1000.0,
+                           clock=lambda: clock[0])
     bm = sched.block_manager
     kv = FakeKV(bm)
     prefixes = [[rng.randrange(50) for _ in range(n)] for n in (5, 9, 13)]
@@ -85,7 +90,7 @@ def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
     added: list[Sequence] = []
     finished: dict[int, Sequence] = {}
     first_admission: list[int] = []
-    num_requests, preemptions, steps = 150, 0, 0
+    num_requests, preemptions, steps, lifted = 150, 0, 0, 0
 
     def on_finished(seq: Sequence) -> None:
         assert seq.seq_id not in finished, "finished twice"
@@ -113,6 +118,7 @@ def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
                 on_finished(victim)
                 assert not sched.abort(victim.request_id)
 
+        clock[0] += 1.0
         batch = sched.schedule()
         preemptions += batch.num_preempted
         # Budget, slots, uniqueness, coverage.
@@ -122,7 +128,8 @@ def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
                     for s, n in zip(batch.seqs, batch.num_scheduled_tokens)]
         if mixed_prefill and any(decoding):
             prompt_tokens = sum(n for n, d in zip(batch.num_scheduled_tokens, decoding) if not d)
-            assert prompt_tokens <= mixed_prefill
+            lifted += prompt_tokens > mixed_prefill
+            assert deadline_steps or prompt_tokens <= mixed_prefill
         for seq, n in zip(batch.seqs, batch.num_scheduled_tokens, strict=True):
             assert seq.status == SequenceStatus.RUNNING and seq in sched.running
             assert 1 <= n <= seq.num_uncomputed_tokens
@@ -152,6 +159,7 @@ def test_randomized_invariants(caching: bool, seed: int, mixed_prefill: int):
                 on_finished(seq)
 
     assert len(finished) == num_requests and not sched.has_unfinished()
+    assert bool(lifted) == bool(deadline_steps and mixed_prefill)  # the deadline was hit
     assert preemptions > 0
     assert first_admission == sorted(first_admission, key=order.get), "FCFS admission order"
     for seq in added:
@@ -211,6 +219,51 @@ def test_prompts_beside_decodes_are_chunked_to_the_mixed_prefill_cap():
     batch = step(sched)  # late's last 6 prompt tokens, then 2 of the next prompt
     assert batch.seqs == [a, b, late, two_more[0]]
     assert batch.num_scheduled_tokens == [1, 1, 6, 2]
+
+
+def test_prompts_past_the_prefill_deadline_are_taken_whole():
+    """A burst that arrives while others decode enters a bounded chunk a step only until
+    --prefill-deadline-ms: then every overdue prompt's remaining tokens go in at once (up to
+    the step budget), oldest first, and a prompt that arrived later keeps the cap."""
+    now = [0.0]
+    sched = make_scheduler(num_blocks=64, max_tokens_per_step=48, mixed_prefill=8,
+                           deadline_ms=100.0, clock=lambda: now[0])
+    a, b = make_seq(list(range(4)), max_tokens=30), make_seq(list(range(4)), max_tokens=30)
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    burst = [make_seq(list(range(20)), max_tokens=4) for _ in range(3)]
+    for seq in burst:
+        sched.add(seq)
+    now[0] = 0.05  # within the deadline: 8 prompt tokens a step, FCFS
+    assert step(sched).num_scheduled_tokens == [1, 1, 8]
+    fresh = make_seq(list(range(20)), max_tokens=4)
+    sched.add(fresh)  # arrives at 0.05
+    now[0] = 0.1  # the burst is due: its 52 tokens left, within the 46 the decodes leave
+    batch = step(sched)
+    assert batch.seqs == [a, b, *burst]
+    assert batch.num_scheduled_tokens == [1, 1, 12, 20, 14]
+    # Next, beside five decodes: the burst's last 6 tokens; fresh is not due until 0.15, so
+    # it gets what the cap leaves, 2.
+    batch = step(sched)
+    assert batch.seqs == [a, b, *burst, fresh]
+    assert batch.num_scheduled_tokens == [1, 1, 1, 1, 6, 2]
+    now[0] = 0.2  # fresh is due: all its 18 left at once
+    batch = step(sched)
+    assert batch.seqs[-1] is fresh and batch.num_scheduled_tokens[-1] == 18
+
+
+def test_no_prefill_deadline_keeps_the_cap():
+    now = [0.0]
+    sched = make_scheduler(num_blocks=64, max_tokens_per_step=48, mixed_prefill=8,
+                           deadline_ms=0.0, clock=lambda: now[0])
+    a = make_seq(list(range(4)), max_tokens=30)
+    sched.add(a)
+    step(sched)
+    late = make_seq(list(range(20)), max_tokens=4)
+    sched.add(late)
+    now[0] = 60.0
+    assert step(sched).num_scheduled_tokens == [1, 8]
 
 
 def test_max_num_seqs_and_fcfs_no_overtaking():
