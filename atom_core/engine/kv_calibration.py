@@ -5,14 +5,14 @@ subnormal and keep few bits, and a model whose K or V are small loses most of th
 precision; a checkpoint's ``k_scale``/``v_scale`` fix that, and most checkpoints have none.
 This measures them: before the runner captures its graphs (the scales are kernel arguments,
 fixed from then on), the model reads a fixed English text into a cache of its own dtype,
-and each layer's K (V) scale becomes the one, of a few from the largest value it wrote over
-448 (the finest that clips nothing) to that over 8, whose e4m3 round trip of those values
-has the least squared error. A finer scale keeps more small values above e4m3's coarse
-subnormals (under 2^-6 of the scale); a coarser one leaves headroom for prompts whose
-values run larger than the text's. vLLM's ``--calculate-kv-scales`` takes the largest
-value over 200 (K) and over 100 (V); on the embedded SmolLM2 that cost +1.85% perplexity
-against -0.07% for the least error (``tests/engine/test_fp8_kv_cache.py``). Layers whose
-checkpoint has scales keep those.
+all of it (up to the model length) in chunks of the token budget, and each layer's K (V)
+scale becomes the one, of a few from the largest value it wrote over 448 (the finest that
+clips nothing) to that over 8, whose e4m3 round trip of those values has the least squared
+error. A finer scale keeps more small values above e4m3's coarse subnormals (under 2^-6 of
+the scale); a coarser one leaves headroom for prompts whose values run larger than the
+text's. vLLM's ``--calculate-kv-scales`` takes the largest value over 200 (K) and over 100
+(V); on the embedded SmolLM2 that cost +1.85% perplexity against -2.0% for the least error
+(``tests/engine/test_fp8_kv_cache.py``). Layers whose checkpoint has scales keep those.
 
 A draft network beside the target (``--method draft_model``, ``mtp``, ``eagle3``) writes a
 cache of its own through the same blocks; it reads the same text as it does in serving
@@ -80,40 +80,53 @@ def least_error_scale(x: torch.Tensor) -> float:
 @torch.inference_mode()
 def calculate_kv_scales(model: torch.nn.Module, layers: list, ids: list[int], block_size: int,
                         dtype: torch.dtype, device: torch.device,
-                        draft: DraftNetwork | None = None) -> str:
+                        draft: DraftNetwork | None = None, chunk: int | None = None) -> str:
     """Set the scales of ``layers`` (the model's KV layers), and of ``draft``'s where one runs
-    beside it, without checkpoint scales from one eager prefill of ``ids`` into caches of
-    ``dtype``, freed after; the line to log."""
+    beside it, without checkpoint scales from an eager prefill of ``ids`` into caches of
+    ``dtype``, freed after; the line to log. ``chunk``: the most tokens one forward reads
+    (None: all of them), as the scheduler chunks a prompt; the scales come from every token
+    whatever the chunk, so a small token budget does not measure them on fewer."""
     n = len(ids)
     blocks = -(-n // block_size)
+    table = list(range(blocks))
     draft_layers = draft.attention_layers() if draft is not None else []
     for layer in layers + draft_layers:
         layer.kv_cache = torch.zeros(layer.kv_cache_shape(blocks, block_size), dtype=dtype,
                                      device=device)
-    inputs = eager_inputs([ids], [0], [n], [list(range(blocks))], block_size, device)
-    with forward_context(inputs.meta):
-        hidden = model(inputs.input_ids, inputs.positions)
+    step = chunk or n
+    states = []
+    for start in range(0, n, step):
+        count = min(step, n - start)
+        inputs = eager_inputs([ids], [start], [count], [table], block_size, device)
+        with forward_context(inputs.meta):
+            hidden = model(inputs.input_ids, inputs.positions)
+        if draft is not None and draft.reads_target_hidden:
+            states.append(draft.target_hidden(hidden))
     if draft is not None:
-        _draft_prefill(draft, ids, hidden, blocks, block_size, device)
+        _draft_prefill(draft, ids, torch.cat(states) if states else None, table, block_size,
+                       step, device)
     line = "--calculate-kv-scales: " + _measure(layers, n)
     if draft_layers:
         line += "; the draft's " + _measure(draft_layers, n)
     return line
 
 
-def _draft_prefill(draft: DraftNetwork, ids: list[int], hidden: torch.Tensor, blocks: int,
-                   block_size: int, device: torch.device) -> None:
-    """``draft`` over the calibration text as it reads a prompt beside the target: a network
-    reading the target's hidden states sees token p + 1 and the target's state at p, a
-    draft model token p (engine/drafter.py)."""
+def _draft_prefill(draft: DraftNetwork, ids: list[int], states: torch.Tensor | None,
+                   table: list[int], block_size: int, step: int, device: torch.device) -> None:
+    """``draft`` over the calibration text as it reads a prompt beside the target, ``step``
+    tokens a forward: a network reading the target's hidden states (``states``, the
+    target's rows through ``target_hidden``) sees token p + 1 and the target's state at p,
+    a draft model token p (engine/drafter.py)."""
     if draft.reads_target_hidden:
-        tokens, states = ids[1:], draft.target_hidden(hidden)[: len(ids) - 1]
+        tokens, states = ids[1:], states[: len(ids) - 1]
     else:
         tokens, states = ids, None
-    inputs = eager_inputs([tokens], [0], [len(tokens)], [list(range(blocks))], block_size,
-                          device)
-    with forward_context(inputs.meta):
-        draft.forward(inputs.input_ids, inputs.positions, states)
+    for start in range(0, len(tokens), step):
+        count = min(step, len(tokens) - start)
+        inputs = eager_inputs([tokens], [start], [count], [table], block_size, device)
+        with forward_context(inputs.meta):
+            draft.forward(inputs.input_ids, inputs.positions,
+                          None if states is None else states[start:start + count])
 
 
 def _measure(layers: list, n: int) -> str:

@@ -174,11 +174,13 @@ class ModelRunner(SpeculativeSteps):
             raise ConfigError("--calculate-kv-scales reads a calibration text: the model "
                               "has no tokenizer; give the scales with --kv-cache-scales")
         sched = self.config.scheduler_config
-        ids = calibration_ids(tokenizer, min(sched.max_num_batched_tokens,
-                                             sched.max_model_len or sched.max_num_batched_tokens))
+        # The whole text, in chunks of the token budget: measured on a small budget's first
+        # chunk alone, the scales clipped K on other text.
+        ids = calibration_ids(tokenizer, sched.max_model_len or sched.max_num_batched_tokens)
         draft = self.drafter.network if self.drafter is not None else None
         logger.info("%s", calculate_kv_scales(self.model, self.attention_layers, ids,
-                                              self.block_size, self.dtype, self.device, draft))
+                                              self.block_size, self.dtype, self.device, draft,
+                                              chunk=sched.max_num_batched_tokens))
 
     def _kv_shape(self, layer, num_blocks: int) -> tuple[int, ...]:
         return layer.kv_cache_shape(num_blocks, self.block_size)

@@ -3,11 +3,13 @@ too: the perplexity of a public-domain text against the unquantized model's, and
 greedy decoding agrees with it.
 
 The weights alone cost +2.5% here; with the cache too, its scales measured at start-up
-(``--calculate-kv-scales``), +4.5%, where every query reads its K/V back from the e4m3
-cache as the GPU kernels do (over 3,763 tokens of this repository's docs: +2.7% and +3.1%).
-A 135M model whose weights come from a Q4_1 GGUF, which per-channel e4m3 cannot represent
-exactly, is a hard case for fp8. The cache alone, so calibrated, stays within 0.2%
-(tests/engine/test_fp8_kv_cache.py).
+(``--calculate-kv-scales``) over the whole calibration text, +2.2%, where every query reads
+its K/V back from the e4m3 cache as the GPU kernels do. A 135M model whose weights come
+from a Q4_1 GGUF, which per-channel e4m3 cannot represent exactly, is a hard case for fp8.
+Scales measured on the calibration text's first 32 tokens alone (the token budget here)
+clipped K in the layers where the least-error choice kept no headroom, and both together
+cost +4.5%. A 173-token score moves by ~0.5% (one standard deviation) with the rounding of
+the cache alone, so the figures are read against that.
 
 Greedy agreement is printed, not bounded: a small model's greedy continuation runs
 through near-ties, where any rounding picks the other token (fp8 weights alone agree for
@@ -53,7 +55,7 @@ def test_smollm2_fp8_weights_and_cache_perplexity(capsys):
               f"({weights / base - 1:+.1%}), {fp8:.2f} fp8 weights + fp8 KV "
               f"({fp8 / base - 1:+.1%}); greedy agreement {agreed}/128 tokens")
     assert weights == pytest.approx(base, rel=0.03), (base, weights)
-    assert fp8 == pytest.approx(base, rel=0.05), (base, fp8)
+    assert fp8 == pytest.approx(base, rel=0.03), (base, fp8)
     assert base != weights != fp8  # the weights, then the cache, did change
     assert 1.5 < base < 100  # a real model reading real text
     assert len(want) == 128
