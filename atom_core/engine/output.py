@@ -4,8 +4,12 @@ feeds ``RequestText`` each step's token in-process; the server's EngineClient fe
 tokens each engine step sends from the engine process (which sends ids, never text).
 
 Decoding only the newest tokens, against a few tokens of context, keeps the cost per
-token constant; waiting while the text ends in U+FFFD keeps a UTF-8 character that is
-split across tokens from coming out as garbage. With stop strings, the last
+token constant. A UTF-8 character split across tokens decodes, until its last byte comes,
+to one U+FFFD at the end of the text: that last character is held back, so the character
+does not come out as garbage, and all before it goes out (a decoder gives every invalid
+byte run a U+FFFD of its own, which no later byte changes), so bytes that never form
+UTF-8 do not hold a stream back until it ends. A finished request's text is the decode of
+all its tokens, a U+FFFD for an unfinished last character included. With stop strings, the last
 ``len(longest stop) - 1`` characters are withheld until they cannot start one, so a stop
 string split across tokens never leaks into streamed output.
 """
@@ -56,6 +60,9 @@ class IncrementalDetokenizer:
         self.text = ""
         self.released = 0  # characters of self.text already handed out
         self.stopped_on: str | None = None
+        # Characters past read_offset's text already in self.text: those before a trailing
+        # U+FFFD, taken while the tokens after read_offset do not decode clean.
+        self.partial = 0
 
     def add_token(self, token_id: int) -> None:
         """Feed one generated token; afterwards check ``stopped_on``."""
@@ -64,12 +71,37 @@ class IncrementalDetokenizer:
         self.ids.append(token_id)
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
         full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
-            return  # an incomplete character, or a token that decodes to nothing yet
-        start = len(self.text)
-        self.text += full[len(prefix) :]
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        self._check_stop(start)
+        if len(full) <= len(prefix):
+            return  # a token that decodes to nothing yet
+        new = full[len(prefix) :]
+        if not new.endswith("\ufffd"):
+            self._take(new)
+            self.prefix_offset, self.read_offset, self.partial = (
+                self.read_offset, len(self.ids), 0)
+            return
+        self._take(new[:-1])  # the last character may still be unfinished
+        if len(self.ids) - self.read_offset > 4:
+            self._skip_ahead(full, len(prefix))
+
+    def _take(self, new: str) -> None:
+        """Append what ``new`` (the text past read_offset's) has beyond ``partial``."""
+        if len(new) > self.partial:
+            start = len(self.text)
+            self.text += new[self.partial :]
+            self._check_stop(start)
+        self.partial = len(new)
+
+    def _skip_ahead(self, full: str, prefix_len: int) -> None:
+        """Move read_offset up to 3 tokens short of the end where the text up to there is
+        final (a string prefix of ``full``), so a long run of bytes that are no UTF-8 is not
+        decoded again whole at every token. An unfinished character has at most 3 bytes,
+        so it starts within the last 3 tokens."""
+        cut = len(self.ids) - 3
+        head = self._decode(self.ids[self.prefix_offset : cut])
+        taken = len(head) - prefix_len
+        if full.startswith(head) and 0 <= taken <= self.partial:
+            self.partial -= taken
+            self.prefix_offset, self.read_offset = self.read_offset, cut
 
     def _check_stop(self, new_from: int) -> None:
         if not self.stop_strings:
@@ -87,7 +119,13 @@ class IncrementalDetokenizer:
             self.stopped_on = s
 
     def flush(self) -> str:
-        """All text not yet released (the request finished)."""
+        """All text not yet released (the request finished), an unfinished last character
+        as the U+FFFD that the decode of all the tokens ends in."""
+        if self.stopped_on is None and len(self.ids) > self.read_offset:
+            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            self._take(self._decode(self.ids[self.prefix_offset :])[len(prefix) :])
+            self.prefix_offset, self.read_offset, self.partial = (
+                self.read_offset, len(self.ids), 0)
         out = self.text[self.released :]
         self.released = len(self.text)
         return out

@@ -53,11 +53,44 @@ def test_random_token_streams_match_full_decode():
     vocab = [i for i in range(len(tok)) if i not in special]
     for _ in range(50):
         ids = [rng.choice(vocab) for _ in range(rng.randint(1, 30))]
-        full = tok.decode(ids)
-        if full.endswith("\ufffd"):
-            continue  # an unfinished character at the very end is never released
         got = "".join(_stream(IncrementalDetokenizer(tok, []), ids))
-        assert got == full
+        assert got == tok.decode(ids)
+
+
+def _byte_token(tok, byte: int) -> int:
+    """The tiny tokenizer's token for one raw byte. Byte-level BPE (GPT-2's) spells the
+    printable bytes as their own Latin-1 characters and the others, in order, from U+0100."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    char = chr(byte) if byte in printable else chr(0x100 + others.index(byte))
+    token = tok.convert_tokens_to_ids(char)
+    assert tok.convert_ids_to_tokens(token) == char  # in the vocabulary, not unknown
+    return token
+
+
+def test_bytes_that_never_form_utf8_stream_as_they_come():
+    """A run of UTF-8 lead bytes (each a token) never decodes clean: every step's text ends
+    in U+FFFD. Only the newest byte may still begin a character, so each earlier one's
+    U+FFFD goes out a token later, not all of them when the request ends."""
+    tok = tiny_tokenizer()
+    lead = _byte_token(tok, 0xE2)
+    detok = IncrementalDetokenizer(tok, tok.encode("Hi"))
+    pieces = []
+    for n in range(1, 41):
+        detok.add_token(lead)
+        pieces.append(detok.release())
+        assert detok.text == "\ufffd" * (n - 1)
+    assert detok.read_offset > 30  # decodes stay short: the run's final part was passed
+    pieces.append(detok.flush())
+    assert "".join(pieces) == tok.decode([lead] * 40) == "\ufffd" * 40
+
+
+def test_a_character_split_over_byte_tokens_comes_out_whole_after_invalid_bytes():
+    tok = tiny_tokenizer()
+    ids = [_byte_token(tok, b) for b in (0xE2, 0xE2, *"🙂".encode(), 0x41)]
+    pieces = _stream(IncrementalDetokenizer(tok, []), ids)
+    assert "".join(pieces) == tok.decode(ids) == "\ufffd\ufffd🙂A"
+    assert "🙂" in pieces and pieces.count("\ufffd") == 2  # never a U+FFFD for a part of 🙂
 
 
 @pytest.mark.parametrize("include", [False, True])
