@@ -37,3 +37,17 @@ def hf_smollm2():
     return AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory):
+    """``atom serve`` on the embedded model (no --model), --max-model-len 512, its access log
+    on: one for the session, shared by the test modules that drive the real weights over HTTP
+    (each start took 12-17 s on a 2-core VM). Its log is ``server.log_path``."""
+    from atom_core.entrypoints.server_process import ServerProcess
+
+    log = tmp_path_factory.mktemp("smollm2-server") / "server.log"
+    srv = ServerProcess(None, "--max-model-len", "512", log=log, access_log=True).wait_ready()
+    yield srv
+    srv.stop()
+

@@ -18,7 +18,6 @@ import openai
 import pytest
 
 from atom_core.benchmarks import benchmark_serving
-from atom_core.entrypoints.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +27,11 @@ MESSAGES = [{"role": "system", "content": "Be brief."},
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("default-server") / "server.log"
-    srv = ServerProcess(None, "--max-model-len", "512", log=log, access_log=True).wait_ready()
-    yield srv
-    srv.stop()
+def server(smollm2_server):
+    """The session's default server (tests/conftest.py); ``log_start``: where this module's
+    requests begin in its access log."""
+    smollm2_server.log_start = len(smollm2_server.log_path.read_text())
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +128,7 @@ def test_failed_requests_print_their_first_errors(server, model):
 
 
 def test_nothing_the_benchmark_asks_is_a_404(runs, server):
-    log = server.log_path.read_text()
+    log = server.log_path.read_text()[server.log_start:]
     requests = [line for line in log.splitlines() if '" ' in line and "HTTP/1.1" in line]
     assert any('"GET /debug/mtp_stats HTTP/1.1" 200' in line for line in requests)
     assert any('"POST /tokenize HTTP/1.1" 200' in line for line in requests)

@@ -13,8 +13,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from atom_core.entrypoints.server_process import ServerProcess
-
 pytestmark = pytest.mark.slow
 
 COLOR = {
@@ -33,11 +31,8 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("structured") / "server.log"
-    srv = ServerProcess(None, "--max-model-len", "512", log=log).wait_ready()
-    yield srv
-    srv.stop()
+def server(smollm2_server):
+    return smollm2_server  # the session's default server (tests/conftest.py)
 
 
 @pytest.fixture
