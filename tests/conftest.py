@@ -51,3 +51,13 @@ def smollm2_server(tmp_path_factory):
     yield srv
     srv.stop()
 
+
+@pytest.fixture(scope="session")
+def smollm2_chunked():
+    """The embedded SmolLM2, unquantized, prefilling in 32-token chunks (tests/perplexity.py's
+    CHUNKED), and its perplexity of TEXT: the fp8 tests' baseline, built and scored once."""
+    from atom_core.engine.llm_engine import LLMEngine
+    from tests.perplexity import CHUNKED, TEXT, perplexity
+
+    engine = LLMEngine(**CHUNKED)
+    return engine, perplexity(engine, TEXT)

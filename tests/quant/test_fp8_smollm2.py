@@ -42,9 +42,8 @@ def forced_agreement(engine: LLMEngine, prompt: list[int], want: list[int]) -> i
 
 
 @pytest.mark.slow
-def test_smollm2_fp8_weights_and_cache_perplexity(capsys):
-    base_engine = LLMEngine(**CHUNKED)
-    base = perplexity(base_engine, TEXT)
+def test_smollm2_fp8_weights_and_cache_perplexity(smollm2_chunked, capsys):
+    base_engine, base = smollm2_chunked
     weights = perplexity(LLMEngine(quantization="fp8", **CHUNKED), TEXT)
     fp8_engine = LLMEngine(quantization="fp8", kv_cache_dtype="fp8", calculate_kv_scales=True,
                            **CHUNKED)
