@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.loader import embedded_model_path
+from atom_core.loader.gguf_loader import GGUFFile
 from atom_core.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ def plain() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def random_draft(tmp_path_factory) -> Path:
     """A one-layer Llama with SmolLM2's vocabulary and random weights."""
-    smol = LLMEngine(device="cpu", enable_log_stats=False, max_model_len=64).hf_config
+    smol = GGUFFile(embedded_model_path()).load_config()  # the engine's, without its weights
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=smol.vocab_size, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
