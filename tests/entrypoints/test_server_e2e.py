@@ -32,6 +32,41 @@ def server(tmp_path_factory):
     srv.stop()
 
 
+KEY = {"Authorization": "Bearer s3cret"}
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    """A server with --api-key, and with --port (the engine port) set to a port held here,
+    as is the next one: test_api_key's and test_the_engine_port_flag_opens_no_tcp_port's,
+    one start for both (~10 s on a 2-core VM)."""
+    from atom_core.entrypoints.server_process import free_port
+
+    taken = []
+    while len(taken) < 2:
+        port = free_port()
+        taken = [socket.socket(), socket.socket()]
+        try:
+            for i, sock in enumerate(taken):
+                sock.bind(("127.0.0.1", port + i))
+                sock.listen()
+        except OSError:  # port + 1 is in use already: hold another pair
+            for sock in taken:
+                sock.close()
+            taken = []
+    try:
+        srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", "--api-key",
+                            "s3cret", "--port", str(port),
+                            log=tmp_path_factory.mktemp("keyed") / "log")
+        try:
+            yield srv.wait_ready()
+        finally:
+            srv.stop()
+    finally:
+        for sock in taken:
+            sock.close()
+
+
 @pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
@@ -213,24 +248,20 @@ def test_profile_endpoints_write_a_trace(server, tmp_path_factory):
     assert any("forward" in e.get("name", "") or e.get("ph") == "X" for e in events)
 
 
-def test_api_key(tmp_path):
-    srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", "--api-key", "s3cret",
-                        log=tmp_path / "log").wait_ready()
-    try:
-        url = f"{srv.base_url}/v1/models"
-        assert httpx.get(url).status_code == 401
-        wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
-        assert httpx.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        assert httpx.get(url, headers={"x-api-key": "s3cret"}).status_code == 200  # Anthropic's SDK
-        # Every route that acts needs the key, not only /v1 (tests/reliability/test_auth.py
-        # runs the whole matrix); probes, scrapers and the version stay open.
-        assert httpx.post(f"{srv.base_url}/start_profile").status_code == 401
-        assert httpx.post(f"{srv.base_url}/stop_profile").status_code == 401
-        for path in ("/health", "/metrics", "/version"):
-            assert httpx.get(f"{srv.base_url}{path}").status_code == 200, path
-    finally:
-        srv.stop()
+def test_api_key(keyed_server):
+    srv = keyed_server
+    url = f"{srv.base_url}/v1/models"
+    assert httpx.get(url).status_code == 401
+    wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url, headers=KEY).status_code == 200
+    assert httpx.get(url, headers={"x-api-key": "s3cret"}).status_code == 200  # Anthropic's SDK
+    # Every route that acts needs the key, not only /v1 (tests/reliability/test_auth.py
+    # runs the whole matrix); probes, scrapers and the version stay open.
+    assert httpx.post(f"{srv.base_url}/start_profile").status_code == 401
+    assert httpx.post(f"{srv.base_url}/stop_profile").status_code == 401
+    for path in ("/health", "/metrics", "/version"):
+        assert httpx.get(f"{srv.base_url}{path}").status_code == 200, path
 
 
 def test_engine_death_is_reported_not_hung(tmp_path):
@@ -289,34 +320,12 @@ def listening_tcp_ports(pids: list[int]) -> set[int]:
     return ports
 
 
-def test_the_engine_port_flag_opens_no_tcp_port(tmp_path):
+def test_the_engine_port_flag_opens_no_tcp_port(keyed_server):
     """--port (the serving guide's "internal engine communication port") is accepted and
     unused: a server starts with that port and the next taken, and listens on its HTTP
     port only (the engine link is private IPC)."""
-    from atom_core.entrypoints.server_process import free_port
-
-    taken = []
-    while len(taken) < 2:
-        port = free_port()
-        taken = [socket.socket(), socket.socket()]
-        try:
-            for i, sock in enumerate(taken):
-                sock.bind(("127.0.0.1", port + i))
-                sock.listen()
-        except OSError:  # port + 1 is in use already: hold another pair
-            for sock in taken:
-                sock.close()
-            taken = []
-    try:
-        srv = ServerProcess(tiny_model_dir("llama"), "--max-model-len", "128", "--port", str(port),
-                            log=tmp_path / "log").wait_ready()
-        try:
-            body = {"prompt": "x", "max_tokens": 2}
-            r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=30)
-            assert r.status_code == 200
-            assert listening_tcp_ports([srv.proc.pid, *srv.engine_pids()]) == {srv.port}
-        finally:
-            srv.stop()
-    finally:
-        for sock in taken:
-            sock.close()
+    srv = keyed_server
+    body = {"prompt": "x", "max_tokens": 2}
+    r = httpx.post(f"{srv.base_url}/v1/completions", json=body, headers=KEY, timeout=30)
+    assert r.status_code == 200
+    assert listening_tcp_ports([srv.proc.pid, *srv.engine_pids()]) == {srv.port}
