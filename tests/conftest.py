@@ -61,3 +61,13 @@ def smollm2_chunked():
 
     engine = LLMEngine(**CHUNKED)
     return engine, perplexity(engine, TEXT)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    """An LLMEngine on the embedded SmolLM2 with --max-model-len 512 and otherwise the
+    defaults, shared by the modules that use it so (no prefix cache: what one test ran
+    leaves nothing that changes another's tokens)."""
+    from atom_core.engine.llm_engine import LLMEngine
+
+    return LLMEngine(enable_log_stats=False, device="cpu", max_model_len=512)

@@ -27,8 +27,8 @@ def tiny(setting: str = "auto") -> LLMEngine:
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> LLMEngine:
-    return LLMEngine(enable_log_stats=False, device="cpu", max_model_len=512)
+def smollm2(smollm2_engine):
+    return smollm2_engine  # tests/conftest.py's, shared with test_smollm2.py
 
 
 def cli_params(engine: LLMEngine, *flags: str) -> SamplingParams:

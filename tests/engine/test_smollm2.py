@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 
-from atom_core.engine.llm_engine import LLMEngine
 from atom_core.loader import embedded_model_path
 from atom_core.sampling_params import SamplingParams
 
@@ -23,8 +22,8 @@ CHATS = [
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return LLMEngine(enable_log_stats=False, device="cpu", max_model_len=512)
+def engine(smollm2_engine):
+    return smollm2_engine  # tests/conftest.py's, shared with test_generation_defaults_offline.py
 
 
 def test_default_is_the_embedded_gguf(engine):
