@@ -171,7 +171,8 @@ class RequestText(IncrementalDetokenizer):
         for token_id in token_ids:
             self.add_token(token_id)
             if self.stopped_on is not None:
-                finish_reason, stop_reason = "stop", self.stopped_on
                 break
         text = self.flush() if finish_reason is not None else self.release()
+        if self.stopped_on is not None:  # found in the tokens, or in the text flush completed
+            finish_reason, stop_reason = "stop", self.stopped_on
         return text, finish_reason, stop_reason

@@ -194,6 +194,16 @@ def test_a_stop_string_ends_the_request_whatever_the_engine_said():
     assert text.update(ids, "length") == ("The quick brown ", "stop", "fox")
 
 
+def test_a_stop_string_in_the_unfinished_last_character_still_stops():
+    """A request's last character, unfinished, comes out as U+FFFD when it ends; if that
+    completes a stop string, the request ends on it, as the same text would mid-stream."""
+    tok = tiny_tokenizer()
+    ids = [*tok.encode("Hi"), _byte_token(tok, 0xE2)]
+    text = RequestText(tok, [], SamplingParams(stop_strings=["\ufffd"]))
+    assert text.update(ids[:-1]) == ("Hi", None, None)
+    assert text.update(ids[-1:], "length") == ("", "stop", "\ufffd")
+
+
 def test_request_text_takes_a_step_of_several_tokens():
     tok = tiny_tokenizer()
     ids = tok.encode("The quick brown fox jumps over the lazy dog.")
