@@ -4,12 +4,16 @@ feeds ``RequestText`` each step's token in-process; the server's EngineClient fe
 tokens each engine step sends from the engine process (which sends ids, never text).
 
 Decoding only the newest tokens, against a few tokens of context, keeps the cost per
-token constant. A UTF-8 character split across tokens decodes, until its last byte comes,
-to one U+FFFD at the end of the text: that last character is held back, so the character
-does not come out as garbage, and all before it goes out (a decoder gives every invalid
-byte run a U+FFFD of its own, which no later byte changes), so bytes that never form
-UTF-8 do not hold a stream back until it ends. A finished request's text is the decode of
-all its tokens, a U+FFFD for an unfinished last character included. With stop strings, the last
+token constant. A UTF-8 character split across tokens decodes to U+FFFD until its last
+byte comes, so text ending in U+FFFD is held back. Byte-level BPE tokenizers (GPT-2's
+decoder: Llama 3, Qwen, DeepSeek, gpt-oss, SmolLM2) decode bytes as Rust's lossy UTF-8
+does, one U+FFFD per invalid run, and an unfinished character is the one U+FFFD at the
+end: for them only that last character is held, so bytes that never form UTF-8 do not
+hold a stream back until it ends. Byte-fallback decoders (SentencePiece's: a run of byte
+tokens that is not all valid UTF-8 decodes to one U+FFFD per byte, and a later byte can
+turn them all into characters) keep the whole trailing text held. A finished request's
+text is the decode of all its tokens, a U+FFFD for an unfinished last character
+included. With stop strings, the last
 ``len(longest stop) - 1`` characters are withheld until they cannot start one, so a stop
 string split across tokens never leaks into streamed output.
 """
@@ -19,10 +23,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tokenizers import decoders
+
 from atom_core.sampling_params import SamplingParams
 
 # Tokens of prompt kept as context, so a word-initial space decodes as it would mid-text.
 CONTEXT_TOKENS = 5
+
+
+def decodes_bytes_lossily(tokenizer: Any) -> bool:
+    """The tokenizer decodes with GPT-2's byte-level decoder: an invalid byte run becomes
+    one U+FFFD that no later byte changes, and an unfinished character one at the end."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return isinstance(getattr(backend, "decoder", None), decoders.ByteLevel)
 
 
 def fast_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
@@ -63,6 +76,7 @@ class IncrementalDetokenizer:
         # Characters past read_offset's text already in self.text: those before a trailing
         # U+FFFD, taken while the tokens after read_offset do not decode clean.
         self.partial = 0
+        self.lossy = decodes_bytes_lossily(tokenizer)
 
     def add_token(self, token_id: int) -> None:
         """Feed one generated token; afterwards check ``stopped_on``."""
@@ -79,6 +93,8 @@ class IncrementalDetokenizer:
             self.prefix_offset, self.read_offset, self.partial = (
                 self.read_offset, len(self.ids), 0)
             return
+        if not self.lossy:
+            return  # any of the trailing text may still change
         self._take(new[:-1])  # the last character may still be unfinished
         if len(self.ids) - self.read_offset > 4:
             self._skip_ahead(full, len(prefix))

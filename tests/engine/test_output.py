@@ -4,6 +4,7 @@ the finish reason a stop string gives."""
 import random
 
 import pytest
+from tokenizers import decoders
 
 from atom_core.engine.output import IncrementalDetokenizer, RequestText, fast_decoder
 from atom_core.sampling_params import SamplingParams
@@ -192,6 +193,38 @@ def test_a_stop_string_ends_the_request_whatever_the_engine_said():
     text = RequestText(tok, [], SamplingParams(stop_strings=["fox"]))
     # The engine ran to its length limit in the same step; the stop string came first.
     assert text.update(ids, "length") == ("The quick brown ", "stop", "fox")
+
+
+def _byte_fallback_tokenizer():
+    """A SentencePiece-style tokenizer: words, and every other byte as a <0xNN> token,
+    decoded by tokenizers' ByteFallback (a run of byte tokens that is not all valid UTF-8
+    decodes to one U+FFFD per byte)."""
+    from tokenizers import Tokenizer, normalizers
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"<0x{b:02X}>": b for b in range(256)}
+    vocab.update({piece: 256 + i for i, piece in enumerate(["▁", "o", "k", "▁ok", "ok"])})
+    model = BPE(vocab=vocab, merges=[("o", "k"), ("▁", "ok")], byte_fallback=True)
+    backend = Tokenizer(model)
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False)
+
+
+def test_byte_fallback_characters_in_a_row_stream_whole():
+    """Consecutive characters spelled in byte tokens decode as one byte run, all U+FFFD
+    until its last byte: nothing of it may go out early (the byte-level rule would send
+    U+FFFDs that later become the emoji)."""
+    tok = _byte_fallback_tokenizer()
+    ids = tok.encode("ok 😀😀🙂 ok é", add_special_tokens=False)
+    assert sum(i < 256 for i in ids) == 14  # the emoji and é as byte tokens
+    pieces = _stream(IncrementalDetokenizer(tok, []), ids)
+    assert "".join(pieces) == tok.decode(ids) == "ok 😀😀🙂 ok é"
+    assert not any("\ufffd" in piece for piece in pieces)
+    lone = [0xE2] * 6  # and bytes that never form UTF-8 still come out whole at the end
+    assert "".join(_stream(IncrementalDetokenizer(tok, []), lone)) == "\ufffd" * 6
 
 
 def test_a_stop_string_in_the_unfinished_last_character_still_stops():
