@@ -97,7 +97,9 @@ class SchedulerConfig:
     )
     # The first wave of a burst is the tail of TTFT: with decodes running, 63 prompts that
     # arrive together enter 448 tokens a step, the last after ~70 steps. Past this wait the
-    # overdue prompts are taken whole, in steps of up to --max-num-batched-tokens.
+    # overdue prompts are taken whole, in steps of up to --max-num-batched-tokens. 250: of
+    # 0, 150 and 250 (bench/serving_gpu.py at concurrency 64, bench/RESULTS.md), the one that
+    # cut the P99 TTFT without moving the median; 150 cut it further but raised the mean.
     prefill_deadline_ms: float = opt(
         250.0, ("--prefill-deadline-ms",),
         "a prompt that has waited this long (ms, since it arrived) for its prefill is no longer "
