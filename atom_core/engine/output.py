@@ -83,21 +83,29 @@ class IncrementalDetokenizer:
         if self.stopped_on is not None:
             return
         self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
-        if len(full) <= len(prefix):
+        full, start = self._window()
+        if len(full) <= start:
             return  # a token that decodes to nothing yet
-        new = full[len(prefix) :]
+        new = full[start:]
         if not new.endswith("\ufffd"):
-            self._take(new)
-            self.prefix_offset, self.read_offset, self.partial = (
-                self.read_offset, len(self.ids), 0)
+            self._commit(new)
             return
         if not self.lossy:
             return  # any of the trailing text may still change
         self._take(new[:-1])  # the last character may still be unfinished
         if len(self.ids) - self.read_offset > 4:
-            self._skip_ahead(full, len(prefix))
+            self._skip_ahead(full, start)
+
+    def _window(self) -> tuple[str, int]:
+        """The decode of the tokens from prefix_offset on, and how many of its characters
+        the tokens before read_offset make (they are context, already in self.text)."""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        return self._decode(self.ids[self.prefix_offset :]), len(prefix)
+
+    def _commit(self, new: str) -> None:
+        """Take ``new``, the final text of every token past read_offset, and move past them."""
+        self._take(new)
+        self.prefix_offset, self.read_offset, self.partial = self.read_offset, len(self.ids), 0
 
     def _take(self, new: str) -> None:
         """Append what ``new`` (the text past read_offset's) has beyond ``partial``."""
@@ -138,10 +146,8 @@ class IncrementalDetokenizer:
         """All text not yet released (the request finished), an unfinished last character
         as the U+FFFD that the decode of all the tokens ends in."""
         if self.stopped_on is None and len(self.ids) > self.read_offset:
-            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-            self._take(self._decode(self.ids[self.prefix_offset :])[len(prefix) :])
-            self.prefix_offset, self.read_offset, self.partial = (
-                self.read_offset, len(self.ids), 0)
+            full, start = self._window()
+            self._commit(full[start:])
         out = self.text[self.released :]
         self.released = len(self.text)
         return out
