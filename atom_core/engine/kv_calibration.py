@@ -26,6 +26,7 @@ are accepted less often.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,16 +97,15 @@ def calculate_kv_scales(model: torch.nn.Module, layers: list, ids: list[int], bl
         layer.kv_cache = torch.zeros(layer.kv_cache_shape(blocks, block_size), dtype=dtype,
                                      device=device)
     step = chunk or n
-    states = []
-    for start in range(0, n, step):
-        count = min(step, n - start)
-        inputs = eager_inputs([ids], [start], [count], [table], block_size, device)
-        with forward_context(inputs.meta):
-            hidden = model(inputs.input_ids, inputs.positions)
-        if draft is not None and draft.reads_target_hidden:
-            states.append(draft.target_hidden(hidden))
+    keep = draft is not None and draft.reads_target_hidden
+
+    def target(input_ids: torch.Tensor, positions: torch.Tensor, rows: slice) -> Any:
+        hidden = model(input_ids, positions)
+        return draft.target_hidden(hidden) if keep else None  # each chunk's, as it is read
+
+    states = _chunked_prefill(target, ids, table, block_size, step, device)
     if draft is not None:
-        _draft_prefill(draft, ids, torch.cat(states) if states else None, table, block_size,
+        _draft_prefill(draft, ids, torch.cat(states) if keep else None, table, block_size,
                        step, device)
     line = "--calculate-kv-scales: " + _measure(layers, n)
     if draft_layers:
@@ -123,12 +123,25 @@ def _draft_prefill(draft: DraftNetwork, ids: list[int], states: torch.Tensor | N
         tokens, states = ids[1:], states[: len(ids) - 1]
     else:
         tokens, states = ids, None
+    _chunked_prefill(
+        lambda input_ids, positions, rows: draft.forward(
+            input_ids, positions, None if states is None else states[rows]),
+        tokens, table, block_size, step, device)
+
+
+def _chunked_prefill(forward: Callable[[torch.Tensor, torch.Tensor, slice], Any],
+                     tokens: list[int], table: list[int], block_size: int, step: int,
+                     device: torch.device) -> list[Any]:
+    """``tokens`` read as one prompt in chunks of ``step``, as the scheduler chunks it:
+    ``forward(input_ids, positions, rows)`` per chunk (``rows``: the chunk's slice of the
+    prompt); what each call returned."""
+    outs = []
     for start in range(0, len(tokens), step):
         count = min(step, len(tokens) - start)
         inputs = eager_inputs([tokens], [start], [count], [table], block_size, device)
         with forward_context(inputs.meta):
-            draft.forward(inputs.input_ids, inputs.positions,
-                          None if states is None else states[start:start + count])
+            outs.append(forward(inputs.input_ids, inputs.positions, slice(start, start + count)))
+    return outs
 
 
 def _measure(layers: list, n: int) -> str:
