@@ -212,13 +212,19 @@ class Scheduler:
     def _overdue_tokens(self, now: float) -> int:
         """Tokens left to compute of the prompts (running chunked prefills, then the waiting,
         oldest first) that arrived --prefill-deadline-ms or more before ``now``. FCFS gives
-        the lifted budget to them: nothing newer is ahead of them in either queue."""
+        the lifted budget to them: nothing newer is ahead of them in either queue. Runs every
+        step, so neither queue is scanned past what can count."""
         if self.prefill_deadline <= 0:
             return 0
         cutoff = now - self.prefill_deadline
         total = 0
-        for seq in self.running:
-            if not self._decodes(seq) and self._arrival[seq.request_id] <= cutoff:
+        # Prompts still prefilling are the newest admissions, the tail of running: prompt
+        # tokens go to running sequences in order, so an earlier prompt finishes first. A
+        # decode (or, with async scheduling, a sequence whose token is in flight) ends it.
+        for seq in reversed(self.running):
+            if seq.num_uncomputed_tokens <= 1:
+                break
+            if self._arrival[seq.request_id] <= cutoff:
                 total += seq.num_uncomputed_tokens
         for seq in self.waiting:  # in arrival order: stop at the first that is not late
             if self._arrival[seq.request_id] > cutoff:
