@@ -73,10 +73,12 @@ class Fp8Weight(NamedTuple):
 
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values, fp32 scales [...]) of ``t`` [..., K] with one scale per row: each row's
-    largest magnitude maps to e4m3's largest finite value (448)."""
+    largest magnitude maps to e4m3's largest finite value (448). The values are multiplied
+    by the scale's fp32 reciprocal (one division a row, not one a value: what a kernel can
+    afford), saturated, and rounded to the nearest e4m3 value, ties to even."""
     tf = t.float()
     scale = (tf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
-    q = (tf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    q = (tf * (1.0 / scale)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
 
 

@@ -11,13 +11,13 @@ never stop in bf16).
 The arithmetic is ``atom_core.ops.native.norm.rms_norm_quant_fp8``'s: h = x + residual
 rounded to x's dtype (written: the residual stream's next value), n = h * rsqrt(mean(h^2)
 + eps) * g in fp32, and fp8_quant.py's quantization of n (scale = max(amax / 448,
-MIN_SCALE), the division correctly rounded, saturating round to nearest even, signed zeros
-kept). The mean and the rsqrt are torch's on the device it runs on: the sum over K then a
-division by K and 1 / sqrt on CPU (the interpreter), the product with 1/K and rsqrtf on
-CUDA. Only the order of the sum of squares differs from the reference, so a row whose sum
-is exact in any order comes out bit for bit, and any other within a few fp32 ulps of
-1/rms: its scale within as many, and a value one e4m3 step off where n / scale lies that
-close to a rounding boundary.
+MIN_SCALE), the product with its correctly rounded reciprocal, saturating round to nearest
+even, signed zeros kept). The mean and the rsqrt are torch's on the device it runs on: the
+sum over K then a division by K and 1 / sqrt on CPU (the interpreter), the product with 1/K
+and rsqrtf on CUDA. Only the order of the sum of squares differs from the reference, so a
+row whose sum is exact in any order comes out bit for bit, and any other within a few fp32
+ulps of 1/rms: its scale within as many, and a value one e4m3 step off where n / scale lies
+that close to a rounding boundary.
 
 One program per row, as fp8_quant.py: a row up to MAX_ONE_TILE wide is one tile held in
 registers from the load to the store; wider rows take three passes over K (the sum of
@@ -33,7 +33,12 @@ import triton.language as tl
 from atom_core.ops.native.norm import rms_norm_quant_fp8 as native_rms_norm_quant_fp8
 from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight, uses_w8a8, w8a8_matmul
 from atom_kernels_triton import fp8_gemm
-from atom_kernels_triton.fp8_quant import MAX_ONE_TILE, quantize_e4m3, row_scale
+from atom_kernels_triton.fp8_quant import (
+    MAX_ONE_TILE,
+    hardware_rounds_e4m3,
+    quantize_e4m3,
+    row_scale,
+)
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -55,7 +60,7 @@ def _load_h(x_row, r_row, h_row, offs, mask, HAS_RES: tl.constexpr, STORE: tl.co
 def _rms_norm_quant_kernel(
     x_ptr, x_stride, r_ptr, r_stride, w_ptr, h_ptr, q_ptr, s_ptr, K, eps,
     HAS_RES: tl.constexpr, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
-    TORCH_CUDA: tl.constexpr, PDL: tl.constexpr,
+    TORCH_CUDA: tl.constexpr, HW_ROUND: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -92,15 +97,17 @@ def _rms_norm_quant_kernel(
         amax = tl.max(amax_k, axis=0)
     scale = row_scale(amax, TORCH_CUDA)
     tl.store(s_ptr + row, scale)
+    inv = tl.math.div_rn(1.0, scale)
     if ONE_TILE:
-        tl.store(q_row + ks, quantize_e4m3(n, scale).to(q_ptr.dtype.element_ty), mask=ks < K)
+        q = quantize_e4m3(n, inv, HW_ROUND)
+        tl.store(q_row + ks, q.to(q_ptr.dtype.element_ty), mask=ks < K)
     else:
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             hk = _load_h(x_row, r_row, h_row, kk, kk < K, HAS_RES, False)
             wk = tl.load(w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            tl.store(q_row + kk, quantize_e4m3(hk * rstd * wk, scale).to(q_ptr.dtype.element_ty),
-                     mask=kk < K)
+            q = quantize_e4m3(hk * rstd * wk, inv, HW_ROUND)
+            tl.store(q_row + kk, q.to(q_ptr.dtype.element_ty), mask=kk < K)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -144,7 +151,8 @@ def rms_norm_quant_fp8(
         _rms_norm_quant_kernel[(m,)](
             x2, x2.stride(0), r2, r2.stride(0), weight, summed, q, scale, k, eps,
             HAS_RES=residual is not None, BLOCK_K=block_k, ONE_TILE=block_k >= k,
-            TORCH_CUDA=x.is_cuda, num_warps=min(16, max(4, block_k // 1024)),
+            TORCH_CUDA=x.is_cuda, HW_ROUND=hardware_rounds_e4m3(x.device),
+            num_warps=min(16, max(4, block_k // 1024)),
             # torch rounds the mean before it adds eps: no fused multiply-add there.
             enable_fp_fusion=False, **pdl_options(x.device),
         )

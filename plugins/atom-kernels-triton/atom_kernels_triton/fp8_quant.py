@@ -3,10 +3,16 @@
 The W8A8 path of an ``Fp8Weight`` product (fp8_gemm.py) quantizes its input rows here
 before the fp8 tensor-core GEMM. The arithmetic is ``atom_core.quant.fp8.quantize_rows``'s,
 bit for bit on the device it runs on: scale = max(amax / 448, MIN_SCALE) and
-q = clamp(x / scale, -448, 448) rounded to the nearest e4m3 value, ties to even, the
-division of x correctly rounded (``div_rn``: a plain ``/`` compiles to an approximate
+q = clamp(x * (1 / scale), -448, 448) rounded to the nearest e4m3 value, ties to even, the
+reciprocal correctly rounded (``div_rn``: a plain ``/`` compiles to an approximate
 division on NVIDIA GPUs). amax / 448 is what torch computes for a tensor divided by a
 number: a division on CPU, on CUDA a product with the fp32 reciprocal of the number.
+
+Each value costs a product, a clamp and a conversion. Where the device converts to e4m3
+rounding to nearest even (NVIDIA from sm_89: ``cvt.rn.satfinite``), the store's conversion
+rounds; elsewhere (the interpreter, whose conversion rounds otherwise) ``round_to_e4m3``
+does it in integer arithmetic first, about 15 more operations a value. A division a value
+and that rounding made these kernels bound by arithmetic rather than memory on the H200.
 
 One program per row: a row of the model's width (a few thousand values) is one tile held in
 registers between the max and the quantizing pass; wider rows take two passes over K. The
@@ -16,6 +22,8 @@ through memory.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -63,11 +71,25 @@ def row_scale(amax, RECIPROCAL: tl.constexpr):
 
 
 @triton.jit
-def quantize_e4m3(x, scale):
-    """x / scale (fp32), saturated to +-448 and rounded to e4m3 as ``quantize_rows`` does
-    (signed zeros kept), still in fp32: the conversion to e4m3 that follows is exact."""
-    q = tl.clamp(tl.math.div_rn(x, scale), -_FP8_MAX, _FP8_MAX)
-    return round_to_e4m3(q)
+def quantize_e4m3(x, inv_scale, HW_ROUND: tl.constexpr):
+    """x * inv_scale (fp32), saturated to +-448, for a conversion to e4m3 that rounds as
+    ``quantize_rows`` does (signed zeros kept): the device's (``HW_ROUND``), or an exact one
+    after ``round_to_e4m3``."""
+    q = tl.clamp(x * inv_scale, -_FP8_MAX, _FP8_MAX)
+    if not HW_ROUND:
+        q = round_to_e4m3(q)
+    return q
+
+
+def hardware_rounds_e4m3(device: torch.device) -> bool:
+    """Whether Triton's fp32 -> e4m3 conversion on ``device`` rounds to nearest even and
+    saturates (``cvt.rn.satfinite``, NVIDIA sm_89 and later), so kernels need not round."""
+    return device.type == "cuda" and torch.version.hip is None and _capability(device) >= (8, 9)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 @triton.jit
@@ -83,7 +105,7 @@ def _row_tile(x_row, kk, mask, K, GATED: tl.constexpr):
 @triton.jit
 def _quantize_rows_kernel(
     x_ptr, x_stride, q_ptr, s_ptr, K, BLOCK_K: tl.constexpr, ONE_TILE: tl.constexpr,
-    RECIPROCAL: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
+    RECIPROCAL: tl.constexpr, HW_ROUND: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -101,13 +123,15 @@ def _quantize_rows_kernel(
         amax = tl.max(amax_k, axis=0)
     scale = row_scale(amax, RECIPROCAL)
     tl.store(s_ptr + row, scale)
+    inv = tl.math.div_rn(1.0, scale)
     if ONE_TILE:
-        tl.store(q_row + ks, quantize_e4m3(x, scale).to(q_ptr.dtype.element_ty), mask=ks < K)
+        q = quantize_e4m3(x, inv, HW_ROUND)
+        tl.store(q_row + ks, q.to(q_ptr.dtype.element_ty), mask=ks < K)
     else:
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
-            xk = _row_tile(x_row, kk, kk < K, K, GATED)
-            tl.store(q_row + kk, quantize_e4m3(xk, scale).to(q_ptr.dtype.element_ty), mask=kk < K)
+            q = quantize_e4m3(_row_tile(x_row, kk, kk < K, K, GATED), inv, HW_ROUND)
+            tl.store(q_row + kk, q.to(q_ptr.dtype.element_ty), mask=kk < K)
 
 
 def quantize_rows(x: torch.Tensor, block_k: int | None = None, *, gated: bool = False
@@ -132,6 +156,7 @@ def quantize_rows(x: torch.Tensor, block_k: int | None = None, *, gated: bool = 
     num_warps = min(16, max(4, block_k // 1024))
     _quantize_rows_kernel[(m,)](
         x2, x2.stride(0), q, scale, k, BLOCK_K=block_k, ONE_TILE=block_k >= k,
-        RECIPROCAL=x.is_cuda, GATED=gated, num_warps=num_warps, **pdl_options(x.device),
+        RECIPROCAL=x.is_cuda, HW_ROUND=hardware_rounds_e4m3(x.device), GATED=gated,
+        num_warps=num_warps, **pdl_options(x.device),
     )
     return q, scale

@@ -21,15 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_core.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, Fp8Weight
+from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight
 from atom_kernels_triton.deferred_norm import row_rms_scale
-from atom_kernels_triton.fp8_quant import round_to_e4m3
+from atom_kernels_triton.fp8_quant import hardware_rounds_e4m3, quantize_e4m3, row_scale
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 # A GEMM's format: its weight in the model dtype, e4m3 weights only, or both operands e4m3.
 MODEL_DTYPE, WEIGHT_ONLY, W8A8 = 0, 1, 2
-_FP8_MAX = tl.constexpr(FP8_MAX)
-_MIN_SCALE = tl.constexpr(MIN_SCALE)
 # Rows a program quantizes, and the widest column tile it holds.
 _BLOCK_R = 4
 _MAX_BLOCK_K = 1024
@@ -66,7 +64,7 @@ def _row_values(x_ptr, x_off, mask, rs, ROW_SS: tl.constexpr):
 def _quantize_rows_kernel(
     x_ptr, x_stride, q_ptr, s_ptr, num_rows, K, pairs_ptr, num_pairs, ss_ptr, eps,
     BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, SKIP_PADDING: tl.constexpr,
-    ROW_SS: tl.constexpr, PDL: tl.constexpr,
+    ROW_SS: tl.constexpr, RECIPROCAL: tl.constexpr, HW_ROUND: tl.constexpr, PDL: tl.constexpr,
 ):
     """Rows [pid * BLOCK_R, +BLOCK_R): one pass for the rows' largest magnitude, one to
     quantize. SKIP_PADDING: a row whose ``pairs_ptr`` entry is past the pairs is left alone.
@@ -86,16 +84,16 @@ def _quantize_rows_kernel(
         kk = k0 + ks
         x = _row_values(x_ptr, x_rows + kk[None, :], ok[:, None] & (kk < K)[None, :], rs, ROW_SS)
         amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=1), _FP8_MAX), _MIN_SCALE)
+    scale = row_scale(tl.max(amax, axis=1), RECIPROCAL)
     tl.store(s_ptr + rows, scale, mask=ok)
+    inv = tl.math.div_rn(1.0, scale)
     q_rows = rows[:, None].to(tl.int64) * K
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         mask = ok[:, None] & (kk < K)[None, :]
         x = _row_values(x_ptr, x_rows + kk[None, :], mask, rs, ROW_SS)
-        q = tl.clamp(tl.math.div_rn(x, scale[:, None]), -_FP8_MAX, _FP8_MAX)
-        tl.store(q_ptr + q_rows + kk[None, :], round_to_e4m3(q).to(q_ptr.dtype.element_ty),
-                 mask=mask)
+        q = quantize_e4m3(x, inv[:, None], HW_ROUND)
+        tl.store(q_ptr + q_rows + kk[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def quantize_rows(
@@ -116,6 +114,7 @@ def quantize_rows(
         sumsq if sumsq is not None else scale, eps,
         BLOCK_R=_BLOCK_R, BLOCK_K=min(triton.next_power_of_2(k), _MAX_BLOCK_K),
         SKIP_PADDING=pairs is not None, ROW_SS=sumsq.shape[0] if sumsq is not None else 0,
+        RECIPROCAL=x.is_cuda, HW_ROUND=hardware_rounds_e4m3(x.device),
         num_warps=4, **pdl_options(x.device),
     )
     return q, scale
