@@ -533,14 +533,23 @@ def run_shapes(names: list[str], measure: Callable[[str], dict], json_path: str)
     write_json(json_path, {"shapes": results})
 
 
-def shape_args(doc: str, json_path: str, shapes: list[str], choice: str) -> argparse.Namespace:
+def shape_args(doc: str, json_path: str, shapes: list[str], choice: str,
+               kv_dtype: bool = False, splits: list[int] | None = None) -> argparse.Namespace:
     """The kernel benches' command line: --json (default ``json_path``), --default-only (time
-    only the op's own split count and ``choice``), --shapes (of ``shapes``, all by default)."""
+    only the op's own split count and ``choice``), --shapes (of ``shapes``, all by default);
+    with ``kv_dtype``, --kv-dtype (bf16 or fp8, the cache's) and --f16; with ``splits``,
+    --splits (the split counts swept, all of ``splits`` by default)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--json", default=json_path)
     p.add_argument("--default-only", action="store_true",
                    help=f"time only today's split count and {choice}")
     p.add_argument("--shapes", nargs="+", choices=shapes, default=shapes)
+    if kv_dtype:
+        p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
+        p.add_argument("--f16", type=int, choices=(0, 1), default=None,
+                       help="force the kernel's fp16 compute of an fp8 cache off or on")
+    if splits:
+        p.add_argument("--splits", type=int, nargs="+", choices=splits, default=splits)
     return p.parse_args()
 
 

@@ -5,10 +5,13 @@ timed as a CUDA graph of LAYERS back-to-back calls (median replay), each on its 
 (as a model's layers are, so small caches do not all sit in L2), against the roofline: the
 KV bytes read over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
 
-    python bench/decode_attention.py [--default-only] [--shapes NAME ...]
-        [--json bench/results/decode_attention.json]
+    python bench/decode_attention.py [--default-only] [--shapes NAME ...] [--kv-dtype fp8]
+        [--splits N ...] [--json bench/results/decode_attention.json]
 
 ``--default-only`` times just what the op picks today (an A/B of kernel changes).
+``--kv-dtype fp8`` times an e4m3 cache (``--kv_cache_dtype fp8``), half the bytes a token;
+``--f16 0`` / ``--f16 1`` forces the kernel's F16 off or on (computing on K/V in fp16).
+``--splits`` limits the sweep's split counts (large batches run one split).
 """
 
 from __future__ import annotations
@@ -38,16 +41,20 @@ SHAPES = {
     "qwen3-8b bs32 ctx2048": (32, 2048, 32, 8),
     "qwen3-30b-a3b bs32 ctx640": (32, 640, 32, 4),
     "qwen3-8b bs256 ctx1100": (256, 1100, 32, 8),
+    # The serving bench's concurrency 64, and the offline bench's 512 running sequences.
+    "qwen3-8b bs64 ctx600": (64, 600, 32, 8),
+    "qwen3-8b bs512 ctx1100": (512, 1100, 32, 8),
 }
 SPLITS = [1, 2, 4, 8, 16, 32]
-TILES = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2)]
+TILES = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2), (128, 4, 2),
+         (128, 4, 3), (64, 4, 4), (128, 8, 3)]
 
 
-def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int):
+def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch.dtype):
     blocks_per_seq = -(-ctx // BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq
     caches = [torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, 128, device="cuda",
-                          dtype=torch.bfloat16) for _ in range(LAYERS)]
+                          dtype=torch.bfloat16).to(kv_dtype) for _ in range(LAYERS)]
     tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
     tables = tables.view(batch, blocks_per_seq)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
@@ -57,27 +64,30 @@ def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int):
     return caches, tables, seq_lens, qsl, q, out
 
 
-def calls(inputs, splits: int, tile) -> list:
+def calls(inputs, splits: int, tile, f16: bool | None = None) -> list:
     """One call a layer, each on its own cache."""
     caches, tables, seq_lens, qsl, q, out = inputs
     return [functools.partial(paged_decode_attention, q, cache, tables, seq_lens, qsl, out,
-                              128**-0.5, splits, tile=tile) for cache in caches]
+                              128**-0.5, splits, tile=tile, f16=f16) for cache in caches]
 
 
 def main() -> None:
-    args = shape_args(__doc__, "bench/results/decode_attention.json", list(SHAPES), "tile")
+    args = shape_args(__doc__, "bench/results/decode_attention.json", list(SHAPES), "tile",
+                      kv_dtype=True, splits=SPLITS)
+    kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def measure(name: str) -> dict:
         batch, ctx, heads, kv_heads = SHAPES[name]
-        inputs = make_inputs(batch, ctx, heads, kv_heads)
-        roofline = batch * ctx * kv_heads * 128 * 2 * 2 / COPY_BW * 1e6
+        inputs = make_inputs(batch, ctx, heads, kv_heads, kv_dtype)
+        roofline = batch * ctx * kv_heads * 128 * 2 * kv_dtype.itemsize / COPY_BW * 1e6
         chosen = num_kv_splits(batch, kv_heads, sms)
         # None: the op's own tile choice (what a model runs today).
         space = [(chosen, None)]
         if not args.default_only:
-            space += [(s, t) for s in SPLITS for t in TILES]
-        found = sweep(functools.partial(calls, inputs), space, inputs[-1],
+            space += [(s, t) for s in args.splits for t in TILES]
+        f16 = None if args.f16 is None else bool(args.f16)
+        found = sweep(functools.partial(calls, inputs, f16=f16), space, inputs[-1],
                       lambda p: {"splits": p[0], "tile": p[1]})
         best, default, rows = found["best"], found["default"], found["all"]
         print(f"{name:28s} roofline {roofline:6.2f} us | today (splits {chosen}, default tile) "

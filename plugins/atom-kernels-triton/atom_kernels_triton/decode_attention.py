@@ -174,9 +174,13 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr, PRELOAD: tl.constexpr,
     FUSED_INPUT: tl.constexpr, IS_NEOX: tl.constexpr, PDL: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, F16: tl.constexpr,
 ):
-    """FUSED_INPUT: q_ptr and kn_ptr/vn_ptr are the qkv projection's raw output. Every
+    """F16 (an fp8 cache under a 16-bit query): K/V tiles are converted to fp16, which holds
+    every e4m3 value exactly and converts from it in one instruction a pair (bf16 takes
+    several), and q, times the softmax scale, is rounded to fp16 once, before the loop.
+
+    FUSED_INPUT: q_ptr and kn_ptr/vn_ptr are the qkv projection's raw output. Every
     program norms and rotates its query heads itself; the program whose split holds the
     sequence's newest row computes that token's K/V (norm and RoPE on k), stores them in the
     cache before its loop reads them (a CTA barrier orders its own threads), and patches them
@@ -198,7 +202,8 @@ def _decode_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    DTYPE = q_ptr.dtype.element_ty  # what K/V tiles are computed in, whatever the cache holds
+    # What K/V tiles are computed in, whatever the cache holds.
+    DTYPE = tl.float16 if F16 else q_ptr.dtype.element_ty
     if HAS_SEQ_IDX:
         # A negative entry is padding (a captured step's unused decode capacity): it reads
         # sequence 0 as an empty context and stores nothing. Masks, not an early return,
@@ -289,6 +294,11 @@ def _decode_kernel(
             q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
             mask=hmask[:, None] & dmask[None, :], other=0.0,
         )
+    if F16:
+        # The scale goes in before the rounding: fp16's range then holds |q| up to ~5e5 / the
+        # scale (with head dim 128, 5e5), where unscaled it would stop at 65504.
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
     if PRELOAD:
         if FUSED_INPUT:
             # The row as the loop would read it back from the cache.
@@ -394,6 +404,7 @@ def paged_decode_attention(
     v_scale: float = 1.0,
     sinks: torch.Tensor | None = None,  # [H] per-head logits joining each softmax
     sliding_window: int | None = None,  # the query sees only its sequence's last this many
+    f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
     an fp8 cache's K and V read times ``k_scale`` and ``v_scale``. ``sinks`` and
@@ -416,6 +427,8 @@ def paged_decode_attention(
     block_d = triton.next_power_of_2(max(head_dim, 16))
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    if f16 is None:
+        f16 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
     if num_splits > 1:
         po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32,
                          device=q.device)
@@ -456,6 +469,6 @@ def paged_decode_attention(
         BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
         PRECISION=precision, PRELOAD=preload, FUSED_INPUT=fused,
         IS_NEOX=new_tokens.is_neox if fused else True,
-        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
         num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
     )
