@@ -3,7 +3,7 @@ backend) on the same data.
 
     python bench/prefill_attention.py [--models qwen3-8b qwen3-0.6b] [--cases 16x1024 ...]
         [--budget-ms 250] [--no-sweep] [--sweep-case qwen3-8b:4x4096] [--sweep-tiles 64,64,4,3 ...]
-        [--json bench/results/prefill_attention.json]
+        [--kv-dtype fp8] [--f16 0|1] [--json bench/results/prefill_attention.json]
 
 Each case is a batch of equal sequences in bf16, block size 16, blocks handed out in
 shuffled order: fresh prefills (16 x 1024, 4 x 4096, 1 x 16384 tokens) and an extend
@@ -19,6 +19,10 @@ cannot pass for a fast one. Time: the median of CUDA-event timings over about --
 of runs after a warm-up call. Then the new kernel is timed on one case under a few other
 tile configs (SWEEP), to show whether the shipped one is the best on this GPU. About a
 minute on an H200, most of it Triton compiling.
+
+``--kv-dtype fp8`` stores the cache in e4m3 (``--kv_cache_dtype fp8``; SDPA reads the same
+values dequantized), and ``--f16 0`` / ``1`` forces the kernel's fp16 compute of an fp8
+cache off or on.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ CASES = {  # (sequences, new tokens each, cached prefix each)
 }
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
+# The cache's dtype and the kernel's F16 (None: its default), set from the command line.
+CACHE_DTYPE = DTYPE
+F16: bool | None = None
 # Other (BLOCK_M, BLOCK_N, num_warps, num_stages) for the new kernel, timed on one case to
 # show whether the chosen tiles are the best on this GPU (all compile for sm_90 without
 # spills; 128x128 sits at 255 registers).
@@ -74,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sweep-tiles", nargs="+", metavar="M,N,WARPS,STAGES",
                    help="tile configs to sweep instead of SWEEP "
                         "(BLOCK_M,BLOCK_N,num_warps,num_stages)")
+    p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
+    p.add_argument("--f16", type=int, choices=(0, 1), default=None,
+                   help="force the kernel's fp16 compute of an fp8 cache off or on")
     p.add_argument("--json", default="bench/results/prefill_attention.json")
     args = p.parse_args(argv)
     model, _, case = args.sweep_case.partition(":")
@@ -99,11 +109,11 @@ def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda") -> dict:
     g = torch.Generator(device=dev).manual_seed(seed)
     tables = torch.randperm(batch * per_seq, generator=g, device=dev).view(batch, per_seq)
     cache = torch.randn(2, batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=g,
-                        device=dev, dtype=DTYPE)
+                        device=dev, dtype=DTYPE).to(CACHE_DTYPE)
     q = torch.randn(batch * q_len, heads, head_dim, generator=g, device=dev, dtype=DTYPE)
 
     def contiguous(kv: torch.Tensor) -> torch.Tensor:  # [B, heads, seq_len, D]
-        seqs = kv[tables].view(batch, per_seq * BLOCK_SIZE, kv_heads, head_dim)
+        seqs = kv[tables].to(DTYPE).view(batch, per_seq * BLOCK_SIZE, kv_heads, head_dim)
         seqs = seqs[:, :seq_len]
         return seqs.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1).contiguous()
 
@@ -160,7 +170,7 @@ def prepared(model: str, case: str):
     c = make_case(model, case)
     out = torch.empty_like(c["q"])
     args = (c["q"], c["cache"], c["block_tables"], c["seq_lens"], c["query_start_loc"],
-            c["seq_idx"], c["max_query_len"], out, c["scale"])
+            c["seq_idx"], c["max_query_len"], out, c["scale"], 1.0, 1.0, None, None, F16)
     sdpa, peer = sdpa_runner(c)
     return c, args, sdpa, peer, sdpa().transpose(1, 2).reshape(out.shape).float()
 
@@ -216,16 +226,20 @@ def sweep(model: str, case: str, budget_ms: float,
 
 def write(path: Path, rows: list[dict], sweep_rows: list[dict]) -> None:
     write_json(path, {"triton": triton.__version__, "block_size": BLOCK_SIZE, "dtype": str(DTYPE),
-                      "results": rows, "sweep": sweep_rows})
+                      "cache_dtype": str(CACHE_DTYPE), "f16": F16, "results": rows,
+                      "sweep": sweep_rows})
 
 
 def main() -> int:
+    global CACHE_DTYPE, F16
     args = parse_args()
+    CACHE_DTYPE = torch.float8_e4m3fn if args.kv_dtype == "fp8" else DTYPE
+    F16 = None if args.f16 is None else bool(args.f16)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  "
-          f"triton {triton.__version__}  {DTYPE}, block size {BLOCK_SIZE}")
+          f"triton {triton.__version__}  {DTYPE}, cache {CACHE_DTYPE}, block size {BLOCK_SIZE}")
     print(f"{'model':<11} {'case':<19} {'new ms':>8} {'sdpa ms':>8} "
           f"{'new TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'max|d|':>8}")
     rows = []

@@ -17,9 +17,11 @@ Throughput choices (prefill is compute bound; these follow the FlashAttention-2 
   and a tile over several pages finds each key's block with a shift (no integer division).
   K/V offsets keep their 16-element alignment, so loads vectorize and pipeline (cp.async).
 
-The cache may be float8_e4m3fn: K/V tiles are converted to the query's dtype as they are
+The cache may be float8_e4m3fn: K/V tiles are converted to the compute dtype as they are
 loaded, then computed on as a cache of that dtype would be (a no-op conversion for one),
-with the K scale folded into the softmax scale and the V scale into the output.
+with the K scale folded into the softmax scale and the V scale into the output. Under a
+16-bit query the compute dtype of an fp8 cache is fp16 (``F16``), as in decode attention
+(decode_attention.py says why): q, times the softmax scale, is rounded to fp16 once.
 
 GQA is not grouped into one program: rows of (head, position) pairs do the same FLOPs per
 K/V tile as rows of positions, so at a fixed tile size it saves no traffic; L2 serves the
@@ -111,6 +113,7 @@ def _prefill_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    F16: tl.constexpr,
 ):
     """HAS_WINDOW: a query at position p sees keys in (p - window, p]. HAS_SINKS: head h's
     ``sinks_ptr`` logit joins each of its rows' softmax denominators. Without them the
@@ -137,6 +140,9 @@ def _prefill_kernel(
                 mask=mmask[:, None] & dmask[None, :], other=0.0)
     q_pos = ctx + offs_m
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
+    if F16:  # K/V tiles convert to q's dtype: fp16
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -219,6 +225,7 @@ def paged_prefill_attention(
     v_scale: float = 1.0,
     sinks: torch.Tensor | None = None,  # [H] per-head logits joining each softmax
     sliding_window: int | None = None,  # a query at p sees keys at positions > p - this
+    f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
 ) -> None:
     """Attention of sequences ``seq_idx``'s queries over their contexts, into ``out``.
     ``sinks`` and ``sliding_window`` as ``AttentionBackend`` defines them, passed as launch
@@ -234,6 +241,8 @@ def paged_prefill_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     if kv_cache.dtype == torch.float8_e4m3fn:
         scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
+    if f16 is None:
+        f16 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
     grid = (num_heads, seq_idx.shape[0], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1),
@@ -244,6 +253,6 @@ def paged_prefill_attention(
         GROUP=num_heads // num_kv_heads, PAGE=block_size, HEAD_DIM=head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
         num_warps=warps, num_stages=stages,
     )
