@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels_triton.kv_cache import to_cache
+from atom_kernels_triton.kv_cache import computes_in_f16, to_cache
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 from atom_kernels_triton.qk_norm_rope import norm_rope_rows
 
@@ -295,8 +295,8 @@ def _decode_kernel(
             mask=hmask[:, None] & dmask[None, :], other=0.0,
         )
     if F16:
-        # The scale goes in before the rounding: fp16's range then holds |q| up to ~5e5 / the
-        # scale (with head dim 128, 5e5), where unscaled it would stop at 65504.
+        # Scaled before the rounding, q may reach 65504 / qk_scale (5e5 at head dim 128)
+        # before fp16 overflows, not 65504.
         q = (q.to(tl.float32) * qk_scale).to(tl.float16)
         qk_scale = 1.0
     if PRELOAD:
@@ -428,7 +428,7 @@ def paged_decode_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if f16 is None:
-        f16 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+        f16 = computes_in_f16(q, kv_cache)
     if num_splits > 1:
         po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32,
                          device=q.device)

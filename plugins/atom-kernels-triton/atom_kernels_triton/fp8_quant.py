@@ -12,7 +12,8 @@ Each value costs a product, a clamp and a conversion. Where the device converts 
 rounding to nearest even (NVIDIA from sm_89: ``cvt.rn.satfinite``), the store's conversion
 rounds; elsewhere (the interpreter, whose conversion rounds otherwise) ``round_to_e4m3``
 does it in integer arithmetic first, about 15 more operations a value. A division a value
-and that rounding made these kernels bound by arithmetic rather than memory on the H200.
+and that rounding made these kernels bound by arithmetic rather than memory on Hopper
+(bench/fp8_quant.py; bench/RESULTS.md).
 
 One program per row: a row of the model's width (a few thousand values) is one tile held in
 registers between the max and the quantizing pass; wider rows take two passes over K. The

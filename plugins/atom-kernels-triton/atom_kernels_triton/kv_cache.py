@@ -18,6 +18,12 @@ import triton.language as tl
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 
+def computes_in_f16(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether attention of 16-bit ``q`` over ``kv_cache`` computes on its tiles in fp16: an
+    e4m3 tile converts to fp16 exactly, in one instruction a pair (to bf16 in several)."""
+    return kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+
+
 @triton.jit
 def _saturate_e4m3(x):
     """fp32 ``x`` clamped to e4m3's +-448 and rounded to nearest even, as float8e4nv.

@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels_triton.kv_cache import computes_in_f16
+
 
 @triton.jit
 def _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot,
@@ -242,7 +244,7 @@ def paged_prefill_attention(
     if kv_cache.dtype == torch.float8_e4m3fn:
         scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
     if f16 is None:
-        f16 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+        f16 = computes_in_f16(q, kv_cache)
     grid = (num_heads, seq_idx.shape[0], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1),
