@@ -27,10 +27,14 @@ MESSAGES = [{"role": "system", "content": "Be brief."},
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_server):
-    """The session's default server (tests/conftest.py); ``log_start``: where this module's
-    requests begin in its access log."""
-    smollm2_server.log_start = len(smollm2_server.log_path.read_text())
+def log_start(smollm2_server) -> int:
+    """Where this module's requests begin in the session server's access log."""
+    return len(smollm2_server.log_path.read_text())
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_server, log_start):
+    """The session's default server (tests/conftest.py), its log offset taken first."""
     return smollm2_server
 
 
@@ -127,8 +131,8 @@ def test_failed_requests_print_their_first_errors(server, model):
     assert status == 1 and "every one of the 3 requests" in lines[-1]
 
 
-def test_nothing_the_benchmark_asks_is_a_404(runs, server):
-    log = server.log_path.read_text()[server.log_start:]
+def test_nothing_the_benchmark_asks_is_a_404(runs, server, log_start):
+    log = server.log_path.read_text()[log_start:]
     requests = [line for line in log.splitlines() if '" ' in line and "HTTP/1.1" in line]
     assert any('"GET /debug/mtp_stats HTTP/1.1" 200' in line for line in requests)
     assert any('"POST /tokenize HTTP/1.1" 200' in line for line in requests)
