@@ -51,9 +51,6 @@ CASES = {  # (sequences, new tokens each, cached prefix each)
 }
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
-# The cache's dtype and the kernel's F16 (None: its default), set from the command line.
-CACHE_DTYPE = DTYPE
-F16: bool | None = None
 # Other (BLOCK_M, BLOCK_N, num_warps, num_stages) for the new kernel, timed on one case to
 # show whether the chosen tiles are the best on this GPU (all compile for sm_90 without
 # spills; 128x128 sits at 255 registers).
@@ -100,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda") -> dict:
+def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda",
+              cache_dtype: torch.dtype = DTYPE) -> dict:
     """The paged inputs of one case and the same data contiguous for SDPA."""
     heads, kv_heads, head_dim = MODELS[model]
     batch, q_len, prefix = CASES[case]
@@ -109,7 +107,7 @@ def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda") -> dict:
     g = torch.Generator(device=dev).manual_seed(seed)
     tables = torch.randperm(batch * per_seq, generator=g, device=dev).view(batch, per_seq)
     cache = torch.randn(2, batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=g,
-                        device=dev, dtype=DTYPE).to(CACHE_DTYPE)
+                        device=dev, dtype=DTYPE).to(cache_dtype)
     q = torch.randn(batch * q_len, heads, head_dim, generator=g, device=dev, dtype=DTYPE)
 
     def contiguous(kv: torch.Tensor) -> torch.Tensor:  # [B, heads, seq_len, D]
@@ -164,13 +162,13 @@ def time_ms(fn, budget_ms: float) -> float:
     return event_seconds(fn, reps=reps, warmup=0) * 1e3
 
 
-def prepared(model: str, case: str):
+def prepared(model: str, case: str, cache_dtype: torch.dtype, f16: bool | None):
     """(case data, kernel arguments with a fresh output, SDPA call, its label, SDPA's output
     in the kernels' [T, H, D] layout)."""
-    c = make_case(model, case)
+    c = make_case(model, case, cache_dtype=cache_dtype)
     out = torch.empty_like(c["q"])
     args = (c["q"], c["cache"], c["block_tables"], c["seq_lens"], c["query_start_loc"],
-            c["seq_idx"], c["max_query_len"], out, c["scale"], 1.0, 1.0, None, None, F16)
+            c["seq_idx"], c["max_query_len"], out, c["scale"], 1.0, 1.0, None, None, f16)
     sdpa, peer = sdpa_runner(c)
     return c, args, sdpa, peer, sdpa().transpose(1, 2).reshape(out.shape).float()
 
@@ -182,8 +180,9 @@ def max_abs_diff(kernel, args, ref: torch.Tensor) -> float:
     return float((out.float() - ref).abs().max())  # NaN if a row is left unwritten
 
 
-def run_case(model: str, case: str, budget_ms: float) -> dict:
-    c, args, sdpa, peer, ref = prepared(model, case)
+def run_case(model: str, case: str, budget_ms: float, cache_dtype: torch.dtype,
+             f16: bool | None) -> dict:
+    c, args, sdpa, peer, ref = prepared(model, case, cache_dtype, f16)
     row = {"model": model, "case": case, "peer": peer, "flops": c["flops"]}
     row["new_max_abs_diff"] = max_abs_diff(paged_prefill_attention, args, ref)
     row["new_ms"] = time_ms(lambda: paged_prefill_attention(*args), budget_ms)
@@ -195,11 +194,11 @@ def run_case(model: str, case: str, budget_ms: float) -> dict:
     return row
 
 
-def sweep(model: str, case: str, budget_ms: float,
-          configs: list[tuple[int, int, int, int]]) -> list[dict]:
+def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int, int, int]],
+          cache_dtype: torch.dtype, f16: bool | None) -> list[dict]:
     """The new kernel under each tile config (the shipped one first), through its module's
     tile_config; a config that fails to compile or run is recorded, not fatal."""
-    c, args, _, _, ref = prepared(model, case)
+    c, args, _, _, ref = prepared(model, case, cache_dtype, f16)
     shipped = kernel_module.tile_config
     rows = []
     try:
@@ -224,28 +223,28 @@ def sweep(model: str, case: str, budget_ms: float,
     return rows
 
 
-def write(path: Path, rows: list[dict], sweep_rows: list[dict]) -> None:
+def write(path: Path, args: argparse.Namespace, rows: list[dict], sweep_rows: list[dict]
+          ) -> None:
     write_json(path, {"triton": triton.__version__, "block_size": BLOCK_SIZE, "dtype": str(DTYPE),
-                      "cache_dtype": str(CACHE_DTYPE), "f16": F16, "results": rows,
+                      "kv_dtype": args.kv_dtype, "f16": args.f16, "results": rows,
                       "sweep": sweep_rows})
 
 
 def main() -> int:
-    global CACHE_DTYPE, F16
     args = parse_args()
-    CACHE_DTYPE = torch.float8_e4m3fn if args.kv_dtype == "fp8" else DTYPE
-    F16 = None if args.f16 is None else bool(args.f16)
+    cache_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else DTYPE
+    f16 = None if args.f16 is None else bool(args.f16)
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  "
-          f"triton {triton.__version__}  {DTYPE}, cache {CACHE_DTYPE}, block size {BLOCK_SIZE}")
+          f"triton {triton.__version__}  {DTYPE}, cache {cache_dtype}, block size {BLOCK_SIZE}")
     print(f"{'model':<11} {'case':<19} {'new ms':>8} {'sdpa ms':>8} "
           f"{'new TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'max|d|':>8}")
     rows = []
     for model in args.models:
         for case in args.cases:
-            r = run_case(model, case, args.budget_ms)
+            r = run_case(model, case, args.budget_ms, cache_dtype, f16)
             rows.append(r)
             flag = "" if r["ok"] else "  MISMATCH"
             print(f"{model:<11} {case:<19} {r['new_ms']:8.3f} {r['sdpa_ms']:8.3f} "
@@ -253,13 +252,13 @@ def main() -> int:
                   f"{r['new_vs_sdpa']:6.2f}x {r['new_max_abs_diff']:8.2e}{flag}")
             torch.cuda.empty_cache()
     path = Path(args.json)
-    write(path, rows, [])  # kept even if the sweep below dies
+    write(path, args, rows, [])  # kept even if the sweep below dies
     sweep_rows = []
     if args.sweep:
         model, case = args.sweep_case.split(":")
         print(f"tile sweep, new kernel, {model} {case}:")
-        sweep_rows = sweep(model, case, args.budget_ms, args.sweep_tiles)
-        write(path, rows, sweep_rows)
+        sweep_rows = sweep(model, case, args.budget_ms, args.sweep_tiles, cache_dtype, f16)
+        write(path, args, rows, sweep_rows)
     print(f"wrote {path}")
     return 0 if all(r["ok"] for r in rows) else 1
 
