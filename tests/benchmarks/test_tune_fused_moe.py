@@ -46,3 +46,12 @@ def test_new_table_keeps_the_entries_chosen_in_the_model():
     assert table[(2048, 768)][64] == best and table[(64, 32)] == {8: best}
     assert table[(2048, 1408)] == h200[(2048, 1408)]
     assert 64 not in h200[(2048, 768)]  # the device's table itself is untouched
+
+
+def test_fp8_stacks_fit_deeper_k_tiles():
+    # Three stages of 16 x 256 bf16 rows and 2 x 128 x 256 weights: 408 KiB in bf16, past
+    # the shared memory; 216 KiB with e4m3 weights.
+    space = {"block_m": (16,), "block_n": (128,), "block_k": (256,), "warps": (8,),
+             "stages": (3,)}
+    assert tune_fused_moe.candidates(32, 8, 128, 2, 0, space) == []
+    assert len(tune_fused_moe.candidates(32, 8, 128, 2, 0, space, weight_bytes=1)) == 1

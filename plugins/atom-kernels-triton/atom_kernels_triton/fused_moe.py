@@ -41,7 +41,6 @@ from atom_kernels_triton.deferred_norm import add_norm_store, row_rms_scale
 from atom_kernels_triton.fused_moe_config import (
     OP,
     MoeConfig,
-    for_fp8_weights,
     for_w8a8,
     get_config,
 )
@@ -378,11 +377,10 @@ def fused_moe(
     w2, w2_scale, w2_scale_stride = weight_operands(w2)
     w8a8 = W8A8 in (up_fp8, down_fp8)
     if config is None:
-        table = tuning.table_for(OP, hidden.device)
-        config = get_config(num_tokens, top_k, num_experts, hidden_size, inter, table)
-        if WEIGHT_ONLY in (up_fp8, down_fp8) and not w8a8:
-            config = for_fp8_weights(config)
-    if w8a8:
+        fp8_format = W8A8 if w8a8 else WEIGHT_ONLY if WEIGHT_ONLY in (up_fp8, down_fp8) else 0
+        config = get_config(num_tokens, top_k, num_experts, hidden_size, inter,
+                            tuning.table_for(OP, hidden.device), fp8_format)
+    elif w8a8:
         config = for_w8a8(config)
     block_m, block_n, block_k = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"],

@@ -8,6 +8,11 @@ rows per expert (T * k / E), which decides how much of each BLOCK_M tile is real
 tuned bucket also serves the smaller buckets below it, down to the next tuned one, while
 their rows per expert stay in its regime (``regime``): a prefill bucket's tall tiles never
 reach a decode batch.
+
+FP8 stacks have keys of their own, (H, I, format) with the format ``WEIGHT_ONLY`` or
+``W8A8`` (``tune_fused_moe.py --fp8``): an e4m3 tile of the same shape moves half the bytes
+of a bf16 one, so the best shapes differ. Where the table has no such key, an fp8 launch
+takes the model-dtype entry adapted to its format (``for_fp8_weights``, ``for_w8a8``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ class MoeConfig(TypedDict):
     OVERLAP: NotRequired[bool]
 
 
-MoeTable = dict[tuple[int, int], dict[int, MoeConfig]]
+# (H, I) for model-dtype stacks, (H, I, format) for fp8 ones -> token bucket -> tiles.
+MoeTable = dict[tuple[int, ...], dict[int, MoeConfig]]
+
+# An fp8 stack's GEMM format, as in fused_moe_fp8 (which picks it by the step's size) and
+# the third number of an fp8 table key.
+WEIGHT_ONLY, W8A8 = 1, 2
 
 # The tensor cores' e4m3 products take K in steps of 32: a W8A8 dot's K tile is no smaller.
 FP8_MIN_BLOCK_K = 32
@@ -68,22 +78,40 @@ def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoeConfig:
 
 def get_config(
     num_tokens: int, top_k: int, num_experts: int, hidden: int, inter: int,
-    table: MoeTable | None = None,
+    table: MoeTable | None = None, fp8_format: int = 0,
 ) -> MoeConfig:
-    """``table``: the weights' device's (default: the current device's)."""
+    """``table``: the weights' device's (default: the current device's). ``fp8_format``
+    (``WEIGHT_ONLY`` or ``W8A8``, 0 for model-dtype stacks): the tiles swept for that format
+    where the table has them, else the model dtype's adapted to it."""
     if table is None:
         table = tuned(tuning.device_name())
-    per_bucket = table.get((hidden, inter))
-    if per_bucket:
-        bucket = token_bucket(num_tokens)
-        # The nearest tuned bucket at or above this one, if it was tuned for the same kind of
-        # batch; past the largest tuned, or across a regime, the shape heuristic knows better.
-        above = [b for b in per_bucket if b >= bucket]
-        if above:
-            nearest = min(above)
-            if regime(nearest, top_k, num_experts) == regime(num_tokens, top_k, num_experts):
-                return per_bucket[nearest]
-    return default_config(num_tokens, top_k, num_experts)
+    if fp8_format:
+        swept = _tuned(table.get((hidden, inter, fp8_format)), num_tokens, top_k, num_experts)
+        if swept is not None:
+            return for_w8a8(swept) if fp8_format == W8A8 else swept
+    config = _tuned(table.get((hidden, inter)), num_tokens, top_k, num_experts)
+    if config is None:
+        config = default_config(num_tokens, top_k, num_experts)
+    if fp8_format == WEIGHT_ONLY:
+        return for_fp8_weights(config)
+    return for_w8a8(config) if fp8_format == W8A8 else config
+
+
+def _tuned(per_bucket: dict[int, MoeConfig] | None, num_tokens: int, top_k: int,
+           num_experts: int) -> MoeConfig | None:
+    """The nearest tuned bucket at or above ``num_tokens``'s if it was tuned for the same
+    kind of batch; past the largest tuned, or across a regime, None: the shape heuristic
+    knows better."""
+    if not per_bucket:
+        return None
+    bucket = token_bucket(num_tokens)
+    above = [b for b in per_bucket if b >= bucket]
+    if not above:
+        return None
+    nearest = min(above)
+    if regime(nearest, top_k, num_experts) != regime(num_tokens, top_k, num_experts):
+        return None
+    return per_bucket[nearest]
 
 
 def for_fp8_weights(config: MoeConfig) -> MoeConfig:

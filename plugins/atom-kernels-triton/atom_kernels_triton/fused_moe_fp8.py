@@ -24,10 +24,12 @@ import triton.language as tl
 from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight
 from atom_kernels_triton.deferred_norm import row_rms_scale
 from atom_kernels_triton.fp8_quant import hardware_rounds_e4m3, quantize_e4m3, row_scale
+from atom_kernels_triton.fused_moe_config import W8A8, WEIGHT_ONLY
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
-# A GEMM's format: its weight in the model dtype, e4m3 weights only, or both operands e4m3.
-MODEL_DTYPE, WEIGHT_ONLY, W8A8 = 0, 1, 2
+# A GEMM's format: its weight in the model dtype, e4m3 weights only (WEIGHT_ONLY), or both
+# operands e4m3 (W8A8).
+MODEL_DTYPE = 0
 # Rows a program quantizes, and the widest column tile it holds.
 _BLOCK_R = 4
 _MAX_BLOCK_K = 1024

@@ -161,3 +161,37 @@ def test_weight_only_tiles():
 
     assert for_fp8_weights(PERSISTENT) == MoeConfig(**{**PERSISTENT, "BLOCK_K": 64})
     assert for_fp8_weights(TINY) is TINY and for_fp8_weights(OVERLAP) is OVERLAP
+
+
+def test_fp8_formats_look_up_their_own_table_keys():
+    from atom_kernels_triton import fused_moe_config as cfg
+
+    bf16_tile = MoeConfig(**{**PERSISTENT, "BLOCK_K": 16})
+    swept = MoeConfig(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, num_warps=4, num_stages=1)
+    table = {(HIDDEN, INTER): {32: bf16_tile}, (HIDDEN, INTER, cfg.W8A8): {32: swept}}
+    assert cfg.get_config(19, 2, 6, HIDDEN, INTER, table) is bf16_tile
+    assert cfg.get_config(19, 2, 6, HIDDEN, INTER, table, cfg.W8A8) is swept
+    # No weight-only key: the model-dtype tile adapted (persistent: its K tile doubled).
+    assert cfg.get_config(19, 2, 6, HIDDEN, INTER, table, cfg.WEIGHT_ONLY) == MoeConfig(
+        **{**PERSISTENT, "BLOCK_K": 32})
+    # Past the swept buckets W8A8 takes the shape heuristic, as the model dtype does.
+    assert cfg.get_config(64, 2, 6, HIDDEN, INTER, table, cfg.W8A8) == cfg.default_config(
+        64, 2, 6)
+
+
+@pytest.mark.parametrize("w8a8", [False, True], ids=["weight-only", "w8a8"])
+def test_launch_asks_the_table_for_its_format(monkeypatch, w8a8):
+    from atom_kernels_triton import fused_moe as launcher
+    from atom_kernels_triton import fused_moe_config as cfg
+
+    asked = []
+
+    def get_config(*args):
+        asked.append(args[-1])
+        return TINY
+
+    monkeypatch.setattr(launcher, "get_config", get_config)
+    x, w13, w2, weights, ids = fp8_inputs(7, 6, 3, torch.float16, w8a8)
+    got = fused_moe(x, w13, w2, weights, ids)
+    assert asked == [cfg.W8A8 if w8a8 else cfg.WEIGHT_ONLY]
+    assert rel_err(got, native_fused_moe(x, w13, w2, weights, ids)) < TOLERANCE[x.dtype]
