@@ -37,6 +37,7 @@ SHAPES = {
     # see what it costs them.
     "qwen3-8b bs1 ctx8192": (1, 8192, 32, 8),
     "qwen3-8b bs1 ctx32768": (1, 32768, 32, 8),
+    "qwen3-8b bs16 ctx640": (16, 640, 32, 8),
     "qwen3-8b bs32 ctx640": (32, 640, 32, 8),
     "qwen3-8b bs32 ctx2048": (32, 2048, 32, 8),
     "qwen3-30b-a3b bs32 ctx640": (32, 640, 32, 4),
