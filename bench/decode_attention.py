@@ -6,12 +6,15 @@ timed as a CUDA graph of LAYERS back-to-back calls (median replay), each on its 
 KV bytes read over 4.27 TB/s. Marks what ``num_kv_splits`` and the default tile pick today.
 
     python bench/decode_attention.py [--default-only] [--shapes NAME ...] [--kv-dtype fp8]
-        [--splits N ...] [--json bench/results/decode_attention.json]
+        [--splits N ...] [--fused-input] [--json bench/results/decode_attention.json]
 
 ``--default-only`` times just what the op picks today (an A/B of kernel changes).
 ``--kv-dtype fp8`` times an e4m3 cache (``--kv_cache_dtype fp8``), half the bytes a token;
 ``--f16 0`` / ``--f16 1`` forces the kernel's F16 off or on (computing on K/V in fp16).
 ``--splits`` limits the sweep's split counts (large batches run one split).
+``--fused-input`` times the kernel as Qwen3's decode steps run it: from the qkv projection's
+raw rows, with the q/k RMSNorm, RoPE and the new token's cache write in the kernel
+(``new_tokens``). Tiles that win without it did not always win in the model (RESULTS.md).
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ import sys
 from pathlib import Path
 
 import torch
-from atom_kernels_triton.decode_attention import num_kv_splits, paged_decode_attention
+from atom_kernels_triton.decode_attention import (
+    NewTokenInput,
+    num_kv_splits,
+    paged_decode_attention,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import run_shapes, shape_args, sweep  # noqa: E402
@@ -51,7 +58,11 @@ TILES = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2)
          (128, 4, 3), (64, 4, 4), (128, 8, 3)]
 
 
-def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch.dtype):
+def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch.dtype,
+                fused: bool = False):
+    """Caches (one a layer), block tables, lengths, query rows, q [batch, heads, 128], the
+    output, and with ``fused`` the new tokens' input: q a column slice of raw qkv rows, the
+    newest token (ctx - 1) of each sequence rewritten by every call."""
     blocks_per_seq = -(-ctx // BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq
     caches = [torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, 128, device="cuda",
@@ -60,27 +71,41 @@ def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch
     tables = tables.view(batch, blocks_per_seq)
     seq_lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
-    q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(q)
-    return caches, tables, seq_lens, qsl, q, out
+    new = None
+    if fused:
+        qkv = torch.randn(batch, (heads + 2 * kv_heads) * 128, device="cuda",
+                          dtype=torch.bfloat16)
+        q, k, v = qkv.split([heads * 128, kv_heads * 128, kv_heads * 128], dim=-1)
+        q = q.view(batch, heads, 128)
+        ones = torch.ones(128, device="cuda", dtype=torch.bfloat16)
+        cos_sin = torch.randn(ctx, 128, device="cuda")
+        positions = torch.full((batch,), ctx - 1, device="cuda", dtype=torch.long)
+        last = ctx - 1
+        slots = (tables[:, last // BLOCK_SIZE] * BLOCK_SIZE + last % BLOCK_SIZE).long()
+        new = NewTokenInput(k, v, ones, ones, 1e-6, positions, cos_sin, slots, True)
+    else:
+        q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty((batch, heads, 128), device="cuda", dtype=torch.bfloat16)
+    return caches, tables, seq_lens, qsl, q, out, new
 
 
 def calls(inputs, splits: int, tile, f16: bool | None = None) -> list:
     """One call a layer, each on its own cache."""
-    caches, tables, seq_lens, qsl, q, out = inputs
+    caches, tables, seq_lens, qsl, q, out, new = inputs
     return [functools.partial(paged_decode_attention, q, cache, tables, seq_lens, qsl, out,
-                              128**-0.5, splits, tile=tile, f16=f16) for cache in caches]
+                              128**-0.5, splits, tile=tile, f16=f16, new_tokens=new)
+            for cache in caches]
 
 
 def main() -> None:
     args = shape_args(__doc__, "bench/results/decode_attention.json", list(SHAPES), "tile",
-                      kv_dtype=True, splits=SPLITS)
+                      kv_dtype=True, splits=SPLITS, fused_input=True)
     kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def measure(name: str) -> dict:
         batch, ctx, heads, kv_heads = SHAPES[name]
-        inputs = make_inputs(batch, ctx, heads, kv_heads, kv_dtype)
+        inputs = make_inputs(batch, ctx, heads, kv_heads, kv_dtype, args.fused_input)
         roofline = batch * ctx * kv_heads * 128 * 2 * kv_dtype.itemsize / COPY_BW * 1e6
         chosen = num_kv_splits(batch, kv_heads, sms)
         # None: the op's own tile choice (what a model runs today).
