@@ -168,8 +168,8 @@ def new_table(
     measured: dict[tuple[int, ...], dict[int, dict]],
 ) -> MoeTable:
     """``table`` with the best config of each measured key ((H, I), or (H, I, fp8 format))
-    and token bucket put in; the
-    entries chosen in the model (``in_model``) stay as they are."""
+    and token bucket put in; the entries chosen in the model (``in_model``) stay as they
+    are."""
     out = {shape: dict(buckets) for shape, buckets in table.items()}
     for shape, results in measured.items():
         for tokens, r in results.items():

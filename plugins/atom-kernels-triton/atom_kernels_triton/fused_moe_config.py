@@ -11,7 +11,7 @@ reach a decode batch.
 
 FP8 stacks have keys of their own, (H, I, format) with the format ``WEIGHT_ONLY`` or
 ``W8A8`` (``tune_fused_moe.py --fp8``): an e4m3 tile of the same shape moves half the bytes
-of a bf16 one, so the best shapes differ. Where the table has no such key, an fp8 launch
+of a bf16 one, so the best shapes may differ. Where the table has no such key, an fp8 launch
 takes the model-dtype entry adapted to its format (``for_fp8_weights``, ``for_w8a8``).
 """
 
