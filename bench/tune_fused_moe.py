@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from atom_kernels_triton import fused_moe_config, tuning  # noqa: E402
 from atom_kernels_triton.fused_moe import fused_moe  # noqa: E402
 from atom_kernels_triton.fused_moe_config import OP, MoeConfig, MoeTable, tuned  # noqa: E402
+from atom_kernels_triton.fused_moe_fp8 import W8A8, fp8_mode  # noqa: E402
 from common import rel_err  # noqa: E402
 
 from atom_core.ops.native.moe import fused_moe as native_fused_moe  # noqa: E402
@@ -120,7 +121,7 @@ def tune_shape(shape, batch_sizes, dtype, graph: bool, space: dict = SPACE,
         weights, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
         ref = native_fused_moe(x, w13, w2, weights, ids, num_shared_experts=shared)
         timings, start = [], time.time()
-        w8a8 = fp8_min_rows is not None and tokens >= fp8_min_rows  # x quantized: a byte
+        w8a8 = fp8_mode(w13, tokens) == W8A8  # x quantized: a byte a value
         for config in candidates(tokens, top_k, experts, 1 if w8a8 else x.element_size(),
                                  shared, space, weight_bytes):
             if overlap:
