@@ -40,6 +40,7 @@ from atom_core.engine.core_messages import (
     SpecDecodeCounts,
     StepOutputs,
     TokenOutput,
+    Wake,
     encoder,
     from_engine_decoder,
 )
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 HEALTH_POLL_S = 0.5
 STARTUP_TIMEOUT_S = 1800.0
+WAKE = encoder.encode(Wake())
 
 
 @dataclass
@@ -364,6 +366,11 @@ class EngineClient:
             add = AddRequest(request_id, list(prompt_token_ids), engine_params)
             stream.sent = time.monotonic()
             await replica.out.send(encoder.encode(add))
+            if self.config.parallel_config.enable_dp_attention:
+                # The others step with it: an idle one waits on its link, not the group.
+                for other in self.replicas:
+                    if other is not replica:
+                        await other.out.send(WAKE)
             while True:
                 delta = await stream.collector.get()
                 if stream.handed is None:

@@ -25,7 +25,13 @@ class Control(msgspec.Struct, tag=True):
     call_id: int = 0
 
 
-ToEngine = AddRequest | AbortRequests | Control
+class Wake(msgspec.Struct, tag=True):
+    """DP attention: another replica of the group was sent a request. An idle replica waits
+    on its link for this (or work of its own) rather than polling the group, and on it
+    joins the group's agreement at once, so the request's first step does not wait."""
+
+
+ToEngine = AddRequest | AbortRequests | Control | Wake
 
 
 class TokenOutput(msgspec.Struct):

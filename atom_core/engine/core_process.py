@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import zmq
 
@@ -32,6 +33,7 @@ from atom_core.engine.core_messages import (
     SpecDecodeCounts,
     StepOutputs,
     TokenOutput,
+    Wake,
     encoder,
     to_engine_decoder,
 )
@@ -41,10 +43,13 @@ from atom_core.errors import AtomError, EngineDeadError
 
 logger = logging.getLogger("atom.engine_core")
 
+# How long an idle engine waits on its link. Under DP attention an idle group also agrees
+# this often; a request sent to any replica wakes the others at once (``Wake``).
 IDLE_POLL_MS = 100
-# DP attention: how long an idle replica waits for requests before it agrees with the others
-# again, the most a request arriving at an idle group waits for its first step.
-LOCKSTEP_IDLE_POLL_MS = 5
+# A woken replica keeps agreeing (no idle wait) until the group agrees some replica has work,
+# or this long: its Wake may be read, and agreed on, before the request's replica reads the
+# request itself.
+WAKE_S = 1.0
 WORKER_WATCH_S = 0.2  # how often the tensor-parallel workers are checked (_watch_workers)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -56,6 +61,7 @@ class EngineCore:
         self.pending: list[TokenOutput] = []
         self.running = True
         self.dirty = False  # an abort changed the engine's state: report it even if idle
+        self.woken_until = 0.0  # DP attention: a Wake keeps this replica agreeing until then
         self.trace_replies: list[tuple[int, TraceWrite]] = []  # stop_profile: sent once written
 
     def _collect(self, out: RequestOutput) -> None:
@@ -67,8 +73,21 @@ class EngineCore:
             )
         )
 
-    def handle(self, msg: AddRequest | AbortRequests | Control) -> None:
-        if isinstance(msg, AddRequest):
+    def is_idle(self) -> bool:
+        """Nothing to step or report: the loop may wait on the link. Under DP attention also
+        no replica of the group has work, and no Wake is waiting to be agreed on."""
+        idle = self.engine.is_finished() and not self.pending and not self.dirty
+        lockstep = self.engine.lockstep
+        if lockstep is None:
+            return idle
+        if lockstep.any_busy:
+            self.woken_until = 0.0
+        return idle and not lockstep.any_busy and time.monotonic() >= self.woken_until
+
+    def handle(self, msg: AddRequest | AbortRequests | Control | Wake) -> None:
+        if isinstance(msg, Wake):
+            self.woken_until = time.monotonic() + WAKE_S
+        elif isinstance(msg, AddRequest):
             try:
                 # Checked by the frontend (check_request) before it was sent.
                 self.engine.add_checked_request(
@@ -210,12 +229,7 @@ def run_engine_core(
             if os.getppid() != parent:  # the watch without PDEATHSIG too; one cheap syscall
                 logger.info("frontend is gone; engine exiting")
                 break
-            idle = engine.is_finished() and not core.pending and not core.dirty
-            wait_ms = IDLE_POLL_MS
-            if engine.lockstep is not None:  # a replica with work waits for this one's agreement
-                idle = idle and not engine.lockstep.any_busy
-                wait_ms = LOCKSTEP_IDLE_POLL_MS
-            if pull.poll(wait_ms if idle else 0):
+            if pull.poll(IDLE_POLL_MS if core.is_idle() else 0):
                 while True:
                     try:
                         raw = pull.recv(zmq.NOBLOCK)
