@@ -80,8 +80,6 @@ class EngineCore:
         lockstep = self.engine.lockstep
         if lockstep is None:
             return idle
-        if lockstep.any_busy:
-            self.woken_until = 0.0
         return idle and not lockstep.any_busy and time.monotonic() >= self.woken_until
 
     def handle(self, msg: AddRequest | AbortRequests | Control | Wake) -> None:
@@ -126,6 +124,8 @@ class EngineCore:
             if lockstep.step(stop=not self.running):
                 self.running = False
                 return
+            if lockstep.any_busy:
+                self.woken_until = 0.0  # the group has agreed on the work a Wake announced
             if busy:
                 self.engine.profiler.step()
         elif not self.engine.is_finished():

@@ -28,8 +28,20 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
-def idle_replica() -> tuple[EngineCore, SimpleNamespace]:
-    lockstep = SimpleNamespace(any_busy=False)
+class Lockstep:
+    """The group's agreements, scripted: ``step`` agrees ``next_busy``."""
+
+    def __init__(self) -> None:
+        self.any_busy = False
+        self.next_busy = False
+
+    def step(self, stop: bool) -> bool:
+        self.any_busy = self.next_busy
+        return stop
+
+
+def idle_replica() -> tuple[EngineCore, Lockstep]:
+    lockstep = Lockstep()
     engine = SimpleNamespace(is_finished=lambda: True, lockstep=lockstep)
     return EngineCore(engine, push=None), lockstep
 
@@ -38,14 +50,17 @@ def test_a_wake_keeps_an_idle_replica_agreeing_until_the_group_has_work(clock):
     core, lockstep = idle_replica()
     assert core.is_idle()
     core.handle(to_engine_decoder.decode(core_process.encoder.encode(Wake())))
+    assert not core.is_idle()
     # Read before the request's own replica read the request: the next agreement may still
     # say idle, and the woken replica must not go back to its long wait on that.
-    assert not core.is_idle()
+    core.step()
     clock.now += WAKE_S / 2
     assert not core.is_idle()
-    lockstep.any_busy = True  # the group agreed on the work
+    lockstep.next_busy = True
+    core.step()  # the group agreed on the work
     assert not core.is_idle()
-    lockstep.any_busy = False  # and finished it
+    lockstep.next_busy = False
+    core.step()  # and finished it: idle at once, not when the Wake would have lapsed
     assert core.is_idle()
 
 
