@@ -113,7 +113,8 @@ def main() -> None:
         if not args.default_only:
             space += [(s, t) for s in args.splits for t in TILES]
         f16 = None if args.f16 is None else bool(args.f16)
-        found = sweep(functools.partial(calls, inputs, f16=f16), space, inputs[-1],
+        out = inputs[5]
+        found = sweep(functools.partial(calls, inputs, f16=f16), space, out,
                       lambda p: {"splits": p[0], "tile": p[1]})
         best, default, rows = found["best"], found["default"], found["all"]
         print(f"{name:28s} roofline {roofline:6.2f} us | today (splits {chosen}, default tile) "
