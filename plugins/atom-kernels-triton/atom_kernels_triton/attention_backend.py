@@ -82,6 +82,7 @@ class TritonAttentionBackend(AttentionBackend):
                 q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
                 self.scale, splits, seq_idx=decodes, k_scale=self.k_scale,
                 v_scale=self.v_scale, sinks=self.sinks, sliding_window=self.sliding_window,
+                fit_grid=True,
             )
         paged_prefill_attention(
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, prefills,
@@ -125,7 +126,7 @@ class TritonAttentionBackend(AttentionBackend):
             q3, kv_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
             self.scale, splits, new_tokens=new, fresh=meta.new_rows_per_seq,
             k_scale=self.k_scale, v_scale=self.v_scale, sinks=self.sinks,
-            sliding_window=self.sliding_window,
+            sliding_window=self.sliding_window, fit_grid=True,
         )
         return out.view(num_tokens, -1)
 

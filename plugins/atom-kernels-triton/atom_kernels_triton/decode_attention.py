@@ -21,6 +21,7 @@ and the scales are not read.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -28,6 +29,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels_triton.kv_cache import computes_in_f16, to_cache
+from atom_kernels_triton.occupancy import resident_programs
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 from atom_kernels_triton.qk_norm_rope import norm_rope_rows
 
@@ -44,6 +46,13 @@ _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 # speeds batch-1 decode but slowed the grids of 2-4 splits of several tiles each (batch 32)
 # on the H200, so fewer splits keep the plain loop.
 PRELOAD_MIN_SPLITS = 8
+
+# The tiles (BLOCK_N, warps, stages) of an fp8 cache's grids that do not preload. The wide
+# one is the default; the narrow one holds fewer registers (110-116 a thread against ~150
+# on an H100: 4 programs an SM against 3), so more of a large grid runs at once. Chosen by
+# ``fit_fp8_grid``.
+FP8_TILE = (64, 4, 3)
+FP8_NARROW_TILE = (32, 4, 3)
 
 
 def _counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -356,6 +365,37 @@ def _decode_kernel(
             tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
+Tile = tuple[int, int, int]  # (BLOCK_N, num_warps, num_stages)
+
+
+def fit_fp8_grid(programs: int, num_splits: int,
+                 resident: Callable[[Tile], int]) -> tuple[int, Tile]:
+    """(splits, tile) of a decode grid over an fp8 cache: ``programs`` (sequence, kv head)
+    pairs, at most ``num_splits`` splits each, where ``resident(tile)`` programs of that
+    tile's kernel run at once on the GPU.
+
+    A grid larger than what runs at once takes a second wave, and every wave is a whole
+    chain of dependent tile loads. So a split grid past one wave of the default tile runs
+    unsplit where the unsplit grid fills at least half of that wave (no partials to merge
+    either), and an unsplit grid past one wave takes the narrow tile where that needs fewer
+    waves. In the model on an H100 (``bench/decode_latency.py --quantization fp8
+    --kv-cache-dtype fp8``, Qwen3-8B; 3 programs an SM of the wide tile, 4 of the narrow;
+    bench/RESULTS.md): batch 32 unsplit
+    instead of two splits 5.44 -> 5.24 ms, batch 64 on the narrow tile 6.38 -> 5.57 ms,
+    batch 128 9.02 -> 8.40 ms. Where both tiles fit one wave (batch 40, 48) or need as many
+    (80, 96) the wide one was faster. Halving batch 16's four splits to two, so that it
+    fit, was slower (4.99 -> 5.14 ms), and batch 24 unsplit (its 192 programs under half a
+    wave) slower than at its two splits (5.18 against 4.79 ms)."""
+    fit = resident(FP8_TILE)
+    if num_splits > 1 and programs * num_splits > fit and 2 * programs >= fit:
+        num_splits = 1
+    grid = programs * num_splits
+    if num_splits == 1 and grid > fit:
+        if triton.cdiv(grid, resident(FP8_NARROW_TILE)) < triton.cdiv(grid, fit):
+            return 1, FP8_NARROW_TILE
+    return num_splits, FP8_TILE
+
+
 def num_kv_splits(num_seqs: int, num_kv_heads: int, num_sms: int, waves: int = 4) -> int:
     """Splits per (sequence, kv head) so that about ``waves`` programs per SM fill the GPU.
 
@@ -405,6 +445,7 @@ def paged_decode_attention(
     sinks: torch.Tensor | None = None,  # [H] per-head logits joining each softmax
     sliding_window: int | None = None,  # the query sees only its sequence's last this many
     f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
+    fit_grid: bool = False,
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
     an fp8 cache's K and V read times ``k_scale`` and ``v_scale``. ``sinks`` and
@@ -415,7 +456,11 @@ def paged_decode_attention(
     attention input (see ``_decode_kernel``); the result equals running
     ``qk_norm_rope_cache_write`` first. Without it, the cache already holds the new K/V.
     ``fresh``: how many of each context's last rows the step writes (the newest; more where
-    a sequence's drafts are decode rows of their own): none is read before the PDL wait."""
+    a sequence's drafts are decode rows of their own): none is read before the PDL wait.
+
+    ``fit_grid``: ``num_splits`` is an upper bound; over an fp8 cache on a GPU a grid of
+    fewer splits or narrower tiles may run (``fit_fp8_grid``), where ``tile`` is not given.
+    The model's backend passes it; without it the grid is exactly as asked."""
     if sinks is not None and sinks.stride(0) != 1:
         raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -429,27 +474,9 @@ def paged_decode_attention(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if f16 is None:
         f16 = computes_in_f16(q, kv_cache)
-    if num_splits > 1:
-        po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32,
-                         device=q.device)
-        plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
-        counters = _counters(q.device, num_seqs * num_kv_heads)
-    else:
-        po = plse = counters = out  # unused: one split writes the output directly
     idx = seq_idx if seq_idx is not None else seq_lens
-    preload = num_splits >= PRELOAD_MIN_SPLITS
-    # 8 warps for the latency-bound (preloading) grids, the faster at batch 1
-    # (bench/decode_attention.py). An fp8 cache's tiles are half the bytes: a third stage
-    # keeps as many in flight (bench/decode_attention.py --kv-dtype fp8 on an H100: 0.80x
-    # two stages' time at 512 sequences, 0.64x at 64).
-    if q.dtype == torch.float32:
-        default = (32, 4, 2)
-    elif preload:
-        default = (64, 8, 2)
-    else:
-        default = (64, 4, 3 if kv_cache.dtype == torch.float8_e4m3fn else 2)
-    block_n, num_warps, num_stages = tile or default
-    if kv_cache.dtype == torch.float8_e4m3fn:
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if fp8:
         scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
     fused = new_tokens is not None
     if fused:
@@ -464,18 +491,53 @@ def paged_decode_attention(
                  nt.slot_mapping)
     else:
         extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
-    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, q.stride(0), q.stride(1),
-        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
-        out, out.stride(0), out.stride(1), po, plse, counters,
-        scale, block_size, head_dim, fresh, v_scale, 1.0 / k_scale, 1.0 / v_scale, *extra,
-        sinks if sinks is not None else q, sliding_window or 0,
-        NUM_SPLITS=num_splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_S=triton.next_power_of_2(num_splits), HAS_SEQ_IDX=seq_idx is not None,
-        PRECISION=precision, PRELOAD=preload, FUSED_INPUT=fused,
-        IS_NEOX=new_tokens.is_neox if fused else True,
-        HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
-        num_warps=num_warps, num_stages=num_stages, **pdl_options(q.device),
-    )
+
+    def launch(splits: int, po: torch.Tensor, plse: torch.Tensor, counters: torch.Tensor,
+               tile: tuple[int, int, int]) -> tuple[tuple, dict]:
+        """The kernel's arguments and compile-time options for this grid and tile."""
+        args = (
+            q, q.stride(0), q.stride(1),
+            k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
+            out, out.stride(0), out.stride(1), po, plse, counters,
+            scale, block_size, head_dim, fresh, v_scale, 1.0 / k_scale, 1.0 / v_scale, *extra,
+            sinks if sinks is not None else q, sliding_window or 0,
+        )
+        consts = dict(
+            NUM_SPLITS=splits, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
+            BLOCK_N=tile[0], BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(splits), HAS_SEQ_IDX=seq_idx is not None,
+            PRECISION=precision, PRELOAD=splits >= PRELOAD_MIN_SPLITS, FUSED_INPUT=fused,
+            IS_NEOX=new_tokens.is_neox if fused else True,
+            HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
+            num_warps=tile[1], num_stages=tile[2], **pdl_options(q.device),
+        )
+        return args, consts
+
+    # 8 warps for the latency-bound (preloading) grids, the faster at batch 1
+    # (bench/decode_attention.py). An fp8 cache's tiles are half the bytes: a third stage
+    # keeps as many in flight (bench/decode_attention.py --kv-dtype fp8 on an H100: 0.80x
+    # two stages' time at 512 sequences, 0.64x at 64).
+    if q.dtype == torch.float32:
+        default = (32, 4, 2)
+    elif num_splits >= PRELOAD_MIN_SPLITS:
+        default = (64, 8, 2)
+    elif fp8:
+        default = FP8_TILE
+        if fit_grid and tile is None and q.device.type == "cuda":
+            # Residency of the one-split kernel (``out`` stands for the unused partials, as
+            # in its launch); a split grid's kernel holds about as many registers.
+            num_splits, tile = fit_fp8_grid(
+                num_seqs * num_kv_heads, num_splits,
+                lambda t: resident_programs(_decode_kernel, *launch(1, out, out, out, t), 64))
+    else:
+        default = (64, 4, 2)
+    if num_splits > 1:
+        po = torch.empty((num_seqs, num_heads, num_splits, block_d), dtype=torch.float32,
+                         device=q.device)
+        plse = torch.empty((num_seqs, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        counters = _counters(q.device, num_seqs * num_kv_heads)
+    else:
+        po = plse = counters = out  # unused: one split writes the output directly
+    args, consts = launch(num_splits, po, plse, counters, tile or default)
+    _decode_kernel[(num_seqs, num_kv_heads, num_splits)](*args, **consts)
