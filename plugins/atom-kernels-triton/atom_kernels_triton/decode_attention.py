@@ -53,6 +53,7 @@ PRELOAD_MIN_SPLITS = 8
 # ``fit_fp8_grid``.
 FP8_TILE = (64, 4, 3)
 FP8_NARROW_TILE = (32, 4, 3)
+_FP8_GRIDS: dict[tuple, tuple[int, tuple[int, int, int]]] = {}  # paged_decode_attention's
 
 
 def _counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -525,11 +526,18 @@ def paged_decode_attention(
     elif fp8:
         default = FP8_TILE
         if fit_grid and tile is None and q.device.type == "cuda":
-            # Residency of the one-split kernel (``out`` stands for the unused partials, as
-            # in its launch); a split grid's kernel holds about as many registers.
-            num_splits, tile = fit_fp8_grid(
-                num_seqs * num_kv_heads, num_splits,
-                lambda t: resident_programs(_decode_kernel, *launch(1, out, out, out, t), 64))
+            # Decided once per kernel variant and grid: an eager step would otherwise pay
+            # the residency lookup (a pass over every argument) in every layer.
+            key = (q.device, q.dtype, group, block_d, fused, seq_idx is not None,
+                   sinks is not None, sliding_window is not None, f16,
+                   num_seqs * num_kv_heads, num_splits)
+            if key not in _FP8_GRIDS:
+                # Residency of the one-split kernel (``out`` stands for the unused partials,
+                # as in its launch); a split grid's kernel holds about as many registers.
+                _FP8_GRIDS[key] = fit_fp8_grid(
+                    num_seqs * num_kv_heads, num_splits,
+                    lambda t: resident_programs(_decode_kernel, *launch(1, out, out, out, t), 64))
+            num_splits, tile = _FP8_GRIDS[key]
     else:
         default = (64, 4, 2)
     if num_splits > 1:
