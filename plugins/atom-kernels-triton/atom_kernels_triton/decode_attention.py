@@ -47,13 +47,15 @@ _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 # on the H200, so fewer splits keep the plain loop.
 PRELOAD_MIN_SPLITS = 8
 
-# The tiles (BLOCK_N, warps, stages) of an fp8 cache's grids that do not preload. The wide
-# one is the default; the narrow one holds fewer registers (110-116 a thread against ~150
-# on an H100: 4 programs an SM against 3), so more of a large grid runs at once. Chosen by
-# ``fit_fp8_grid``.
-FP8_TILE = (64, 4, 3)
-FP8_NARROW_TILE = (32, 4, 3)
-_FP8_GRIDS: dict[tuple, tuple[int, tuple[int, int, int]]] = {}  # paged_decode_attention's
+Tile = tuple[int, int, int]  # (BLOCK_N, num_warps, num_stages)
+
+# The tiles of an fp8 cache's grids that do not preload. The wide one is the default; the
+# narrow one holds fewer registers (110-116 a thread against ~150 on an H100: 4 programs an
+# SM against 3), so more of a large grid runs at once. Chosen by ``fit_fp8_grid``.
+FP8_TILE: Tile = (64, 4, 3)
+FP8_NARROW_TILE: Tile = (32, 4, 3)
+# fit_fp8_grid's answers in paged_decode_attention, by kernel variant and grid.
+_FP8_GRIDS: dict[tuple, tuple[int, Tile]] = {}
 
 
 def _counters(device: torch.device, needed: int) -> torch.Tensor:
@@ -366,9 +368,6 @@ def _decode_kernel(
             tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
-Tile = tuple[int, int, int]  # (BLOCK_N, num_warps, num_stages)
-
-
 def fit_fp8_grid(programs: int, num_splits: int,
                  resident: Callable[[Tile], int]) -> tuple[int, Tile]:
     """(splits, tile) of a decode grid over an fp8 cache: ``programs`` (sequence, kv head)
@@ -381,12 +380,12 @@ def fit_fp8_grid(programs: int, num_splits: int,
     either), and an unsplit grid past one wave takes the narrow tile where that needs fewer
     waves. In the model on an H100 (``bench/decode_latency.py --quantization fp8
     --kv-cache-dtype fp8``, Qwen3-8B; 3 programs an SM of the wide tile, 4 of the narrow;
-    bench/RESULTS.md): batch 32 unsplit
-    instead of two splits 5.44 -> 5.24 ms, batch 64 on the narrow tile 6.38 -> 5.57 ms,
-    batch 128 9.02 -> 8.40 ms. Where both tiles fit one wave (batch 40, 48) or need as many
-    (80, 96) the wide one was faster. Halving batch 16's four splits to two, so that it
-    fit, was slower (4.99 -> 5.14 ms), and batch 24 unsplit (its 192 programs under half a
-    wave) slower than at its two splits (5.18 against 4.79 ms)."""
+    bench/RESULTS.md): batch 32 unsplit instead of two splits 5.44 -> 5.24 ms, batch 64 on
+    the narrow tile 6.38 -> 5.57 ms, batch 128 9.02 -> 8.40 ms. Where both tiles fit one
+    wave (batch 40, 48) or need as many (80, 96) the wide one was faster. Halving batch
+    16's four splits to two, so that it fit, was slower (4.99 -> 5.14 ms), and batch 24
+    unsplit (its 192 programs under half a wave) slower than at its two splits (5.18
+    against 4.79 ms)."""
     fit = resident(FP8_TILE)
     if num_splits > 1 and programs * num_splits > fit and 2 * programs >= fit:
         num_splits = 1
@@ -494,7 +493,7 @@ def paged_decode_attention(
         extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
 
     def launch(splits: int, po: torch.Tensor, plse: torch.Tensor, counters: torch.Tensor,
-               tile: tuple[int, int, int]) -> tuple[tuple, dict]:
+               tile: Tile) -> tuple[tuple, dict]:
         """The kernel's arguments and compile-time options for this grid and tile."""
         args = (
             q, q.stride(0), q.stride(1),
