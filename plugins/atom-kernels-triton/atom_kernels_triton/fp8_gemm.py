@@ -91,10 +91,11 @@ def _fp8_gemm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < M
     col_ok = cols < N
-    # Out-of-range rows and features re-read the last one instead of masking (loads stay
-    # unmasked along M and N); their results are never stored.
+    # Features past N re-read the last one (W's loads stay unmasked; their results are never
+    # stored). Rows past M are masked instead: pointed at row M-1, every program would
+    # request that one row's lines once per missing row each K step.
     w_tile = w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * K
-    x_tile = x_ptr + tl.minimum(rows, M - 1).to(tl.int64)[:, None] * x_stride
+    x_tile = x_ptr + rows.to(tl.int64)[:, None] * x_stride
     ks = tl.arange(0, BLOCK_K)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
@@ -107,10 +108,11 @@ def _fp8_gemm_kernel(
         kk = k0 + ks
         if EVEN_K:
             w = tl.load(w_tile + kk[None, :])
-            a = tl.load(x_tile + kk[None, :])
+            a = tl.load(x_tile + kk[None, :], mask=row_ok[:, None], other=0.0)
         else:
             w = tl.load(w_tile + kk[None, :], mask=kk[None, :] < K, other=0.0)
-            a = tl.load(x_tile + kk[None, :], mask=kk[None, :] < K, other=0.0)
+            a = tl.load(x_tile + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < K),
+                        other=0.0)
         if not X_FP8:
             w = w.to(a.dtype)  # e4m3 values are exact in bf16 and fp16
         if SWAP:
