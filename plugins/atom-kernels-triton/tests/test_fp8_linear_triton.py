@@ -472,18 +472,20 @@ def test_w8a8_table_picks_the_triton_gemm_or_scaled_mm(monkeypatch):
 
 def test_rows_pick_the_path(kernels):
     # Up to MAX_ROWS rows: the GEMV; then the weight-only GEMM below w8a8_min_rows; from
-    # there W8A8: the rows quantized, then (CPU tensors, no _scaled_mm) the same GEMM on
-    # e4m3 operands.
+    # there W8A8: the rows quantized, then the same GEMM on e4m3 operands where the device
+    # routes the shape to it (always on CPU; on a GPU where its table lists the shape), else
+    # torch._scaled_mm.
     w = fp8_weight(80, 192, w8a8_min_rows=24)
     gemv_launches, gemm_launches = kernels
+    triton_w8a8 = fp8_gemm.w8a8_table_config(24, 80, 192, torch.device(DEVICE)) is not None
     for m, path in [(MAX_ROWS, "gemv"), (MAX_ROWS + 1, "gemm"), (23, "gemm"), (24, "w8a8")]:
         gemv_launches.clear()
         gemm_launches.clear()
         x = rand(m, 192, dtype=torch.float16, seed=m)
         out = linear(x, w)
         assert bool(gemv_launches) == (path == "gemv")
-        assert [launch["X_FP8"] for launch in gemm_launches] == (
-            [] if path == "gemv" else [path == "w8a8"])
+        expected = {"gemv": [], "gemm": [False], "w8a8": [True] if triton_w8a8 else []}[path]
+        assert [launch["X_FP8"] for launch in gemm_launches] == expected
         assert reads_deferred(x, w) == (path == "gemv")
         assert rel_err(out, fp8_linear(x, w)) < tolerance(torch.float16)
         if path == "w8a8":
