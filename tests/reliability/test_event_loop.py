@@ -23,6 +23,10 @@ pytestmark = pytest.mark.slow
 
 BIG = "a " * (15 * 2**20)  # 30 MiB of text
 HEALTH_LIMIT_S = 0.1
+# A stream chunk crosses three processes (engine, frontend, this client) that share the
+# VM's two cores with the 30 MB upload and its parsing, so its slack over the baseline is
+# wider than /health's bound. Tokenizing on the event loop would hold it for seconds.
+STREAM_SLACK_S = 0.25
 POLL_EVERY_S = 0.01
 
 # Sent from a process of its own, through the standard library's plain client: the
@@ -154,7 +158,7 @@ def test_a_30mb_prompt_stalls_neither_health_nor_a_running_stream(server, path, 
     )
     # A chunk waits for one engine step and for the frontend: the step is at most the
     # baseline's worst (doubled: the frontend's parsing takes one of two cores from the
-    # engine), the frontend's stall at most what /health allows.
-    limit = 2 * baseline + HEALTH_LIMIT_S
+    # engine), plus STREAM_SLACK_S for the processes' share of the cores.
+    limit = 2 * baseline + STREAM_SLACK_S
     gap = probe.worst_gap(t0, t1 + 0.3)
     assert gap < limit, f"a stream chunk waited {gap * 1000:.0f} ms (limit {limit * 1000:.0f} ms)"
