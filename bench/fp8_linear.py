@@ -347,10 +347,8 @@ def w8a8_entries(results: list[dict[str, Any]]) -> tuning.Table:
     """The W8A8 GEMM's table from a sweep: (N, K) -> bucket -> the tiles with the least time
     summed over every swept row count in the bucket, where that sum beats ``scaled_mm``'s,
     else None. A bucket's tiles serve every row count in it (40 rows take the 64-row
-    bucket's), and tiles fastest at the bucket's own rows can be slow below them: on an
-    H100 the 64-row tiles ran Qwen3-8B's four projections in 111.7 us at 40 rows, where
-    the best at 40 took 89.4. Sweep the rows a bucket serves (``--rows 17 24 32 40 48 56
-    64``), not only its top one."""
+    bucket's), so they are chosen over the rows the bucket serves, not only at its top
+    one: sweep them (``--rows 17 24 32 40 48 56 64``)."""
     groups: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for r in results:
         if r.get("sweep_w8a8") is not None:

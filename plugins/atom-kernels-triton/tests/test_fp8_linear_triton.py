@@ -65,6 +65,12 @@ def table() -> gemv_config.GemvTable:
     return tuning.table_for(gemv_config.OP, torch.device(DEVICE))
 
 
+def w8a8_on_triton(m: int, n: int, k: int) -> bool:
+    """Whether this device runs m rows' W8A8 product of an [n, k] weight on the Triton GEMM
+    (always on CPU; on a GPU where its table lists the shape), not torch._scaled_mm."""
+    return fp8_gemm.w8a8_table_config(m, n, k, torch.device(DEVICE)) is not None
+
+
 class Record:
     """Stands in for a kernel: runs it, keeping each launch's keyword arguments."""
 
@@ -303,9 +309,7 @@ def test_silu_and_mul_linear_at_w8a8_rows_quantizes_the_activation_in_one_kernel
     calls = []
     monkeypatch.setattr(gemv, "silu_and_mul", lambda t: calls.append(t) or silu_and_mul(t))
     out = silu_and_mul_linear(x, w, b)
-    # The e4m3 rows go to the Triton GEMM where the device routes this shape to it (always
-    # on CPU; on a GPU where its table lists the shape), else to torch._scaled_mm.
-    triton_gemm = fp8_gemm.w8a8_table_config(5, 80, 192, torch.device(DEVICE)) is not None
+    triton_gemm = w8a8_on_triton(5, 80, 192)
     assert not calls and [k["X_FP8"] for k in kernels[1]] == ([True] if triton_gemm else [])
     assert torch.equal(out, linear(silu_and_mul(x), w, b))
     assert rel_err(out, native_silu_and_mul_linear(x, w, b)) < tolerance(torch.float16)
@@ -473,11 +477,10 @@ def test_w8a8_table_picks_the_triton_gemm_or_scaled_mm(monkeypatch):
 def test_rows_pick_the_path(kernels):
     # Up to MAX_ROWS rows: the GEMV; then the weight-only GEMM below w8a8_min_rows; from
     # there W8A8: the rows quantized, then the same GEMM on e4m3 operands where the device
-    # routes the shape to it (always on CPU; on a GPU where its table lists the shape), else
-    # torch._scaled_mm.
+    # routes the shape to it, else torch._scaled_mm.
     w = fp8_weight(80, 192, w8a8_min_rows=24)
     gemv_launches, gemm_launches = kernels
-    triton_w8a8 = fp8_gemm.w8a8_table_config(24, 80, 192, torch.device(DEVICE)) is not None
+    triton_w8a8 = w8a8_on_triton(24, 80, 192)
     for m, path in [(MAX_ROWS, "gemv"), (MAX_ROWS + 1, "gemm"), (23, "gemm"), (24, "w8a8")]:
         gemv_launches.clear()
         gemm_launches.clear()
