@@ -341,26 +341,21 @@ class LLMEngine:
 
     def warmup(self, mixed_rounds: bool | None = None) -> None:
         """A short prefill and decode, then (``mixed_rounds``) prefills beside 1, 2, 4, ...
-        running decodes and beside ``max_num_seqs`` - 1 and ``max_num_seqs`` of them, so
-        that serving does not stop to compile kernels: the attention kernels of a mixed step
-        are specialised on how many decodes it holds (the Triton backend's KV split count),
-        decode batches past the largest CUDA graph run eagerly with kernel variants of their
-        own (tiles picked by batch size, integer arguments specialised on divisibility by
-        16), and a Triton compile takes ~0.1-1 s with every running request waiting. The
-        rounds run by default on a GPU only: on a CPU nothing compiles, and up to 128
-        decodes there took ~17 s of a server's start on a 2-core VM."""
+        running decodes, so that serving does not stop to compile kernels: the attention
+        kernels of a mixed step are specialised on how many decodes it holds (the Triton
+        backend's KV split count), and a Triton compile takes ~0.5-2 s with every running
+        request waiting. The rounds run by default on a GPU only: on a CPU nothing compiles,
+        and up to 128 decodes there took ~17 s of a server's start on a 2-core VM."""
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         self.generate([[0] * min(32, self.max_model_len - 4)], params)
         if not (self.device.type != "cpu" if mixed_rounds is None else mixed_rounds):
             return
-        most = self.config.scheduler_config.max_num_seqs
-        sizes = [1 << i for i in range(max(most - 1, 1).bit_length())] + [most - 1, most]
+        sched = self.config.scheduler_config
         # Each round: d one-token prompts start decoding, then a 17-token prompt joins them.
         bs = self.block_manager.block_size
-        for d in sorted(set(sizes)):
-            if not (d <= most and self.max_model_len > 20
-                    and d * -(-4 // bs) + -(-19 // bs) <= self.block_manager.num_blocks):
-                continue
+        d = 1
+        while (d < sched.max_num_seqs and self.max_model_len > 20
+               and d * -(-4 // bs) + -(-19 // bs) <= self.block_manager.num_blocks):
             short = self.add_request(
                 [[0]] * d, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
             )
@@ -372,6 +367,7 @@ class LLMEngine:
             )
             while any(r in self._requests for r in short + joined):
                 self.step()
+            d *= 2
         self.block_manager.reset_prefix_cache_stats()
 
     def start_profile(self) -> None:
