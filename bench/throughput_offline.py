@@ -10,6 +10,8 @@ offline throughput benchmark prints). The run steps the engine until every promp
 prompt tokens (prefill, decodes possibly beside it) and decode-only steps. transformers runs
 fixed batches of --hf-batch-size prompts (static cache, greedy, every sequence to
 --output-len); its rate is measured over --hf-batches batches (the same for every batch).
+It also lists the Triton kernels compiled during the timed run (``common.CompileLog``):
+the engine's warm-up is meant to leave none, and each one held every step while it built.
 
 Beside them it prints the run's floor (``common.offline_floor``): its GEMMs at the bf16
 rate this GPU sustains at its power limit (one step's tokens by the hidden size by four,
@@ -39,6 +41,7 @@ from atom_core.config import SchedulerConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     MODELS,
+    CompileLog,
     add_quant_args,
     config_path,
     copy_bandwidth,
@@ -192,15 +195,22 @@ def bench_atom(results: dict) -> None:
     engine.generate(random_prompts(8, ARGS.input_len, vocab, 1),
                     SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0.0, max_tokens=ARGS.output_len, ignore_eos=True)
-    wall, clock = run(engine, ps, params)
+    with CompileLog() as compiles:
+        wall, clock = run(engine, ps, params)
     n_in, n_out = clock.tokens
     results["atom"] = {
         "wall_s": wall, "total_tok_s": (n_in + n_out) / wall, "output_tok_s": n_out / wall,
         "num_prompts": len(ps), "kv_blocks": engine.runner.num_blocks,
         "preemptions": engine.num_preemptions, "steps": clock.summary(),
+        "compiles": compiles.compiles,
     }
     print(f"ATOM: {len(ps)} prompts in {wall:.1f} s: {(n_in + n_out) / wall:,.0f} tok/s total, "
-          f"{n_out / wall:,.0f} generated tok/s", flush=True)
+          f"{n_out / wall:,.0f} generated tok/s; during the run, {compiles.summary()}",
+          flush=True)
+    for c in compiles.compiles:
+        ms = "?" if c["ms"] is None else f"{c['ms']:.0f}"
+        print(f"  {c['kernel']} {ms} ms, {c['num_warps']} warps, {c['num_stages']} stages, "
+              f"constants {c['constants']}, specialized {c['specialized']}", flush=True)
     if ARGS.profile:
         fresh = random_prompts(ARGS.num_prompts, ARGS.input_len, vocab, 2)
         results["profile"] = profile_run(engine, fresh, params, profile_start(), ARGS.profile)
