@@ -7,6 +7,10 @@
 #   git archive -o before.tar COMMIT                     # here, beside the working tree
 #   bash bench/ab.sh before.tar COMMIT -- python bench/decode_latency.py --models qwen3-8b
 #
+# The first tree to run pays for the Triton kernels both trees share that a bench compiles
+# inside its timing (throughput_offline.py lists them): the second finds them in Triton's
+# cache. AB_ROUNDS=2 runs the pair twice; read the second round.
+#
 # Add a wheel directory first on PYTHONPATH (e.g. /tmp/site) where packages are missing;
 # PYTHON names the interpreter that installs the trees (default python3). Run it where
 # the project is not installed already (the GPU machine), or two copies would register.
@@ -26,9 +30,11 @@ for tree in before after; do
     (cd "$src" && "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-build-isolation \
         --no-compile --target "$work/$tree" . plugins/*/) || exit 1
 done
-for tree in before after; do
-    src=$([ $tree = before ] && echo "$work/before-src" || echo "$root")
-    commit=$([ $tree = before ] && echo "$before_commit" || echo "$after_commit")
-    echo "=== $tree ($commit) $(date +%T): $*"
-    (cd "$src" && ATOM_BENCH_COMMIT=$commit PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$work/$tree" "$@")
+for round in $(seq "${AB_ROUNDS:-1}"); do
+    for tree in before after; do
+        src=$([ $tree = before ] && echo "$work/before-src" || echo "$root")
+        commit=$([ $tree = before ] && echo "$before_commit" || echo "$after_commit")
+        echo "=== $tree ($commit) round $round $(date +%T): $*"
+        (cd "$src" && ATOM_BENCH_COMMIT=$commit PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$work/$tree" "$@")
+    done
 done
