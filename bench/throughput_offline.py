@@ -10,7 +10,7 @@ offline throughput benchmark prints). The run steps the engine until every promp
 prompt tokens (prefill, decodes possibly beside it) and decode-only steps. transformers runs
 fixed batches of --hf-batch-size prompts (static cache, greedy, every sequence to
 --output-len); its rate is measured over --hf-batches batches (the same for every batch).
-It also lists the Triton kernels compiled during the timed run (``common.CompileLog``):
+It also lists the Triton kernels compiled during the timed run (bench/compile_log.py):
 the engine's warm-up is meant to leave none, and each one held every step while it built.
 
 Beside them it prints the run's floor (``common.offline_floor``): its GEMMs at the bf16
@@ -41,7 +41,6 @@ from atom_core.config import SchedulerConfig
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     MODELS,
-    CompileLog,
     add_quant_args,
     config_path,
     copy_bandwidth,
@@ -66,6 +65,7 @@ from common import (  # noqa: E402
     sync,
     write_json,
 )
+from compile_log import CompileLog  # noqa: E402
 
 
 class StepClock:
