@@ -25,6 +25,7 @@ from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Logprob, RequestTimings, Sequence
 from atom_core.engine.spec_decode import Speculator
 from atom_core.engine.stats import StatsLogger
+from atom_core.engine.step_graphs import MAX_PROMPTS
 from atom_core.engine.step_results import PendingStep, StepOutput
 from atom_core.engine.validation import check_request
 from atom_core.errors import ConfigError, InvalidRequestError
@@ -340,30 +341,39 @@ class LLMEngine:
         return True
 
     def warmup(self, mixed_rounds: bool | None = None) -> None:
-        """A short prefill and decode, then (``mixed_rounds``) prefills beside 1, 2, 4, ...
+        """A short prefill and decode, then (``mixed_rounds``) prompts beside 1, 2, 4, ...
         running decodes, so that serving does not stop to compile kernels: the attention
         kernels of a mixed step are specialised on how many decodes it holds (the Triton
         backend's KV split count), and a Triton compile takes ~0.5-2 s with every running
         request waiting. The rounds run by default on a GPU only: on a CPU nothing compiles,
-        and up to 128 decodes there took ~17 s of a server's start on a 2-core VM."""
+        and up to 128 decodes there took ~17 s of a server's start on a 2-core VM.
+
+        Each round's prompts outnumber what a step graph holds (``MAX_PROMPTS``), so its
+        mixed step runs eagerly, as a step past the graphs does in serving: a graph sizes its
+        decode attention for its capacity, whatever the decodes it replays, so rounds
+        replayed from graphs compiled nothing that eager steps ask for."""
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
         self.generate([[0] * min(32, self.max_model_len - 4)], params)
         if not (self.device.type != "cpu" if mixed_rounds is None else mixed_rounds):
             return
         sched = self.config.scheduler_config
-        # Each round: d one-token prompts start decoding, then a 17-token prompt joins them.
+        # Each round: d one-token prompts start decoding, then 17-token prompts join them.
         bs = self.block_manager.block_size
+        vocab = self.hf_config.vocab_size
+        joining = MAX_PROMPTS + 1
         d = 1
         while (d < sched.max_num_seqs and self.max_model_len > 20
-               and d * -(-4 // bs) + -(-19 // bs) <= self.block_manager.num_blocks):
+               and d * -(-4 // bs) + joining * -(-19 // bs) <= self.block_manager.num_blocks):
             short = self.add_request(
                 [[0]] * d, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
             )
             self.step()
-            # Its own tokens each round, so that a prefix cache cannot turn it into a decode.
-            prompt = [(d * 17 + j) % self.hf_config.vocab_size for j in range(17)]
+            # Their own first tokens each, so that a prefix cache cannot turn one into a
+            # decode: (i, d) differ in the first block.
             joined = self.add_request(
-                [prompt], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+                [[i % vocab, d % vocab, d // vocab % vocab] + [j % vocab for j in range(14)]
+                 for i in range(joining)],
+                SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
             )
             while any(r in self._requests for r in short + joined):
                 self.step()

@@ -285,24 +285,27 @@ def test_first_token_time_is_set_when_a_queued_prefill_is_read():
 
 
 @pytest.mark.parametrize("async_scheduling,prefix_caching", [(True, True), (False, False)])
-def test_warmup_runs_prefills_beside_every_power_of_two_of_decodes(
+def test_warmup_runs_eager_prefills_beside_every_power_of_two_of_decodes(
     async_scheduling, prefix_caching
 ):
     # The Triton attention kernels of a mixed step are specialised on its number of decodes
-    # (the KV split count): warm-up compiles them all before serving starts.
-    eng = engine(async_scheduling, max_num_seqs=20, enable_prefix_caching=prefix_caching)
-    seen: set[int] = set()
-    launch = eng.runner.launch
+    # (the KV split count): warm-up compiles them all before serving starts. A step graph
+    # sizes its decode attention for its capacity, so the rounds must run eagerly: each
+    # round's prompts outnumber what a graph holds.
+    eng = engine(async_scheduling, max_num_seqs=32, enable_prefix_caching=prefix_caching)
+    eng.runner._setup_step_graphs(use_graphs=False)  # the step-graph path, run eagerly
+    eager: set[int] = set()
+    launch_eager = eng.runner._launch_eager
 
     def spy(batch, ids_from=None):
         lens = batch.num_scheduled_tokens
         if max(lens) > 1:
-            seen.add(sum(1 for n in lens if n == 1))
-        return launch(batch, ids_from=ids_from)
+            eager.add(sum(1 for n in lens if n == 1))
+        return launch_eager(batch, ids_from)
 
-    eng.runner.launch = spy
+    eng.runner._launch_eager = spy
     eng.warmup(mixed_rounds=True)
-    assert {1, 2, 4, 8, 16} <= seen
+    assert {1, 2, 4, 8, 16} <= eager
     assert eng.is_finished() and not eng._requests and all_blocks_free(eng)
     assert eng.block_manager.prefix_cache_queries == 0
     ps = prompts(2, seed=10)
