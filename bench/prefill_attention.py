@@ -15,9 +15,11 @@ outside the timing), ``is_causal`` for fresh prefills and a lower-right causal b
 TFLOP/s counts causal work only: 4 * sum over sequences of (q_len * ctx + q_len^2 / 2) *
 heads * head_dim, ctx the cached prefix. Each kernel's output is compared with SDPA's (max
 abs diff); a mismatch is printed, recorded and makes the exit status 1, so a wrong kernel
-cannot pass for a fast one. Time: the median of CUDA-event timings over about --budget-ms
-of runs after a warm-up call. Then the new kernel is timed on one case under a few other
-tile configs (SWEEP), to show whether the shipped one is the best on this GPU. About a
+cannot pass for a fast one. Time: GPU time a call, from calls back to back in one CUDA
+graph (median of 7 replays, about --budget-ms of calls), so that a small case is not timed
+by its launch's host cost; every call reads the same inputs, so a small case's K/V sit in
+L2, as a step's just-written chunk does. Then the new kernel is timed on one case under a few other
+tile configs (SWEEP), to show whether the one it picks is the best on this GPU. About a
 minute on an H200, most of it Triton compiling.
 
 ``--kv-dtype fp8`` stores the cache in e4m3 (``--kv_cache_dtype fp8``; SDPA reads the same
@@ -28,16 +30,16 @@ cache off or on.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
 import torch
 import triton
-from atom_kernels_triton import prefill_attention as kernel_module
 from atom_kernels_triton.prefill_attention import paged_prefill_attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import event_seconds, write_json  # noqa: E402
+from common import event_seconds, graph_us, write_json  # noqa: E402
 
 MODELS = {"qwen3-8b": (32, 8, 128), "qwen3-0.6b": (16, 8, 128)}  # (heads, kv heads, head dim)
 CASES = {  # (sequences, new tokens each, cached prefix each)
@@ -47,6 +49,8 @@ CASES = {  # (sequences, new tokens each, cached prefix each)
     "extend-8x1024+3072": (8, 1024, 3072),
     # A prompt's chunks beside running decodes (--mixed-prefill-tokens): small grids.
     "1x448": (1, 448, 0),
+    "1x1024": (1, 1024, 0),
+    "4x512": (4, 512, 0),
     "extend-1x256+256": (1, 256, 256),
 }
 BLOCK_SIZE = 16
@@ -155,11 +159,13 @@ def sdpa_runner(c: dict):
 
 
 def time_ms(fn, budget_ms: float) -> float:
-    """Median milliseconds of ``fn`` over about ``budget_ms`` of runs (3 to 100), after a
-    warm-up call that compiles."""
-    once_ms = event_seconds(fn, reps=1, warmup=1) * 1e3
-    reps = max(3, min(100, int(budget_ms / max(once_ms, 1e-3))))
-    return event_seconds(fn, reps=reps, warmup=0) * 1e3
+    """Milliseconds of GPU time a call of ``fn``: calls back to back in one CUDA graph, the
+    median of 7 replays, about ``budget_ms`` of calls in all. Not events around single
+    calls: a small case's kernel is shorter than its launch's host time, which events
+    around an eager call would count."""
+    once_ms = event_seconds(fn, reps=1, warmup=1) * 1e3  # compiles; an upper bound
+    calls = max(2, min(64, int(budget_ms / 7 / max(once_ms, 1e-3))))
+    return graph_us([fn] * calls) / 1e3
 
 
 def prepared(model: str, case: str, cache_dtype: torch.dtype, f16: bool | None):
@@ -173,8 +179,8 @@ def prepared(model: str, case: str, cache_dtype: torch.dtype, f16: bool | None):
     return c, args, sdpa, peer, sdpa().transpose(1, 2).reshape(out.shape).float()
 
 
-def max_abs_diff(kernel, args, ref: torch.Tensor) -> float:
-    out = args[7]
+def max_abs_diff(kernel, args, ref: torch.Tensor, out: torch.Tensor | None = None) -> float:
+    out = args[7] if out is None else out
     out.fill_(float("nan"))
     kernel(*args)
     return float((out.float() - ref).abs().max())  # NaN if a row is left unwritten
@@ -196,30 +202,27 @@ def run_case(model: str, case: str, budget_ms: float, cache_dtype: torch.dtype,
 
 def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int, int, int]],
           cache_dtype: torch.dtype, f16: bool | None) -> list[dict]:
-    """The new kernel under each tile config (the shipped one first), through its module's
-    tile_config; a config that fails to compile or run is recorded, not fatal."""
+    """The new kernel under each tile config (what it picks for the case first); a config
+    that fails to compile or run is recorded, not fatal."""
     c, args, _, _, ref = prepared(model, case, cache_dtype, f16)
-    shipped = kernel_module.tile_config
     rows = []
-    try:
-        for tiles in [shipped(DTYPE, 128), *configs]:
-            kernel_module.tile_config = lambda dtype, block_d, t=tiles: t
-            row = {"model": model, "case": case, "tiles": list(tiles), "shipped": not rows}
-            try:
-                row["max_abs_diff"] = max_abs_diff(paged_prefill_attention, args, ref)
-                row["ms"] = time_ms(lambda: paged_prefill_attention(*args), budget_ms)
-                row["tflops"] = c["flops"] / row["ms"] / 1e9
-                print(f"  BLOCK_M {tiles[0]:>3} BLOCK_N {tiles[1]:>3} warps {tiles[2]} "
-                      f"stages {tiles[3]}: {row['ms']:8.3f} ms {row['tflops']:7.1f} TFLOP/s  "
-                      f"max|d| {row['max_abs_diff']:.2e}"
-                      + ("  (shipped)" if row["shipped"] else ""))
-            except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on this GPU
-                first = str(exc).splitlines()[0] if str(exc) else ""
-                row["error"] = f"{type(exc).__name__}: {first}"
-                print(f"  {tiles}: {row['error']}")
-            rows.append(row)
-    finally:
-        kernel_module.tile_config = shipped
+    for tiles in [None, *configs]:
+        call = functools.partial(paged_prefill_attention, *args, tile=tiles)
+        row = {"model": model, "case": case, "tiles": list(tiles or []), "shipped": not rows}
+        try:
+            row["max_abs_diff"] = max_abs_diff(call, (), ref, args[7])
+            row["ms"] = time_ms(call, budget_ms)
+            row["tflops"] = c["flops"] / row["ms"] / 1e9
+            label = ("what it picks" if tiles is None else
+                     f"BLOCK_M {tiles[0]:>3} BLOCK_N {tiles[1]:>3} warps {tiles[2]} "
+                     f"stages {tiles[3]}")
+            print(f"  {label:<44}: {row['ms']:8.4f} ms {row['tflops']:7.1f} TFLOP/s  "
+                  f"max|d| {row['max_abs_diff']:.2e}")
+        except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory on this GPU
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            row["error"] = f"{type(exc).__name__}: {first}"
+            print(f"  {tiles}: {row['error']}")
+        rows.append(row)
     return rows
 
 
@@ -247,7 +250,7 @@ def main() -> int:
             r = run_case(model, case, args.budget_ms, cache_dtype, f16)
             rows.append(r)
             flag = "" if r["ok"] else "  MISMATCH"
-            print(f"{model:<11} {case:<19} {r['new_ms']:8.3f} {r['sdpa_ms']:8.3f} "
+            print(f"{model:<11} {case:<19} {r['new_ms']:8.4f} {r['sdpa_ms']:8.4f} "
                   f"{r['new_tflops']:8.1f} {r['sdpa_tflops']:9.1f} "
                   f"{r['new_vs_sdpa']:6.2f}x {r['new_max_abs_diff']:8.2e}{flag}")
             torch.cuda.empty_cache()

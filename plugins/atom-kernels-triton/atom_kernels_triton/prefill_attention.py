@@ -8,7 +8,8 @@ Throughput choices (prefill is compute bound; these follow the FlashAttention-2 
 - The KV loop is split in two. Tiles wholly before the tile's first query position are
   visible to every row, so they run with no mask, no ``tl.where`` and unmasked loads;
   only the few tiles on the diagonal pay for the causal/length mask.
-- 16-bit inputs use 128x32 tiles, 4 warps and 3 pipeline stages on CUDA (``tile_config``).
+- 16-bit inputs use 128x32 tiles, 4 warps and 3 pipeline stages on CUDA (``tile_config``);
+  a grid too small to fill the GPU (a prompt chunk beside decodes) 64-row tiles.
 - The grid runs heads fastest and query tiles slowest, last tile first: the tiles with
   the most keys (causal work grows with position) start in the first wave, so no long
   tile is left running alone at the end, and the query heads that share a kv head run
@@ -29,6 +30,8 @@ sibling heads' re-reads instead.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -190,12 +193,25 @@ def _prefill_kernel(
              o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
 
-def tile_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this input dtype and padded head dim.
+# 128-row tiles up to this many programs an SM: fewer (a step's chunk of a few hundred
+# prompt tokens) leave SMs idle and each program a long chain of key tiles, which halved
+# rows run at twice the programs and half the work per tile. On an H100, graph-timed
+# (bench/prefill_attention.py, Qwen3-8B): 1 x 448 new tokens 18.5 -> 14 us, 256 over 256
+# cached 21 -> 14 us, at 64x64 tiles.
+SMALL_GRID_PROGRAMS_PER_SM = 1
+
+
+def tile_config(dtype: torch.dtype, block_d: int, small_grid: bool = False,
+                smem_per_block: int = 0) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this input dtype and padded head dim;
+    ``small_grid``: 128-row tiles would not fill the GPU (``SMALL_GRID_PROGRAMS_PER_SM``),
+    on a device whose blocks may use ``smem_per_block`` bytes of shared memory.
 
     Compiled for sm_90 (Triton 3.6): the 16-bit configs need at most 96 KiB of shared
-    memory, so they also fit Ampere and Ada. At head dim 128 the CUDA config uses 255
-    registers and spills 2 (measured faster all the same); 64 and 256 do not spill.
+    memory, so they also fit Ampere and Ada, but for the small grids' 64x64 tiles (112 KiB),
+    which run only where a block may have 128 KiB (sm_80, sm_90; elsewhere 64x32). At head
+    dim 128 the CUDA config uses 255 registers and spills 2 (measured faster all the same);
+    64 and 256 do not spill.
     """
     if dtype == torch.float32:
         # Exact fp32 dots run on FMAs with operands in registers: small tiles, and 8 warps
@@ -205,11 +221,26 @@ def tile_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int, int]:
         return 64, 32, 8, 2  # 128-row tiles spill; 3 stages of wide K/V overflow shared memory
     if torch.version.hip:
         return 128, 64, 8, 2  # ROCm's pipeliner is tuned for two stages
+    if small_grid:
+        return (64, 64, 4, 3) if smem_per_block >= 128 * 1024 else (64, 32, 4, 3)
     # Narrow K/V tiles under 4 warps: on an H200 (bench/prefill_attention.py, Qwen3-8B
     # shapes, bf16) faster than 128x64 tiles under 8 warps for prefills and extends alike;
     # 4 stages were no better, and 8 warps on these tiles slower. Three stages need 80 KiB
     # of shared memory at head dim 128.
     return 128, 32, 4, 3
+
+
+def is_small_grid(num_heads: int, num_tokens: int, num_sms: int) -> bool:
+    """Whether 128-row tiles over ``num_tokens`` query rows would leave SMs idle. From
+    shapes only, so a captured step (its padded token count) decides as its replays do."""
+    return num_heads * triton.cdiv(num_tokens, 128) <= SMALL_GRID_PROGRAMS_PER_SM * num_sms
+
+
+@functools.cache
+def _device_limits(device: torch.device) -> tuple[int, int]:
+    """(SMs, shared memory a block may opt into) of a CUDA device."""
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, props.shared_memory_per_block_optin
 
 
 def paged_prefill_attention(
@@ -228,6 +259,7 @@ def paged_prefill_attention(
     sinks: torch.Tensor | None = None,  # [H] per-head logits joining each softmax
     sliding_window: int | None = None,  # a query at p sees keys at positions > p - this
     f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
+    tile: tuple[int, int, int, int] | None = None,  # tile_config's answer instead: tuning only
 ) -> None:
     """Attention of sequences ``seq_idx``'s queries over their contexts, into ``out``.
     ``sinks`` and ``sliding_window`` as ``AttentionBackend`` defines them, passed as launch
@@ -239,7 +271,13 @@ def paged_prefill_attention(
     if seq_idx.shape[0] == 0:
         return
     block_d = triton.next_power_of_2(max(head_dim, 16))
-    block_m, block_n, warps, stages = tile_config(q.dtype, block_d)
+    if tile is None:
+        small, smem = False, 0
+        if q.device.type == "cuda":
+            sms, smem = _device_limits(q.device)
+            small = is_small_grid(num_heads, q.shape[0], sms)
+        tile = tile_config(q.dtype, block_d, small, smem)
+    block_m, block_n, warps, stages = tile
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     if kv_cache.dtype == torch.float8_e4m3fn:
         scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale

@@ -17,7 +17,11 @@ pytest.importorskip("triton")
 from atom_kernels_triton import decode_attention  # noqa: E402
 from atom_kernels_triton.attention_backend import TritonAttentionBackend  # noqa: E402
 from atom_kernels_triton.decode_attention import paged_decode_attention  # noqa: E402
-from atom_kernels_triton.prefill_attention import paged_prefill_attention  # noqa: E402
+from atom_kernels_triton.prefill_attention import (  # noqa: E402
+    is_small_grid,
+    paged_prefill_attention,
+    tile_config,
+)
 from triton_reference import native_attention, paged_batch, rel_err, tolerance  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -181,7 +185,7 @@ def test_head_dim_64(dtype):
 
 
 def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype,
-                 select=None, seed=0, device=DEVICE):
+                 select=None, seed=0, device=DEVICE, tile=None):
     """paged_prefill_attention alone (q_len 1 rows included) over the sequences in
     ``select`` (all by default) vs the native backend; other rows stay untouched."""
     meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
@@ -197,6 +201,7 @@ def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size
     paged_prefill_attention(
         q3, ref_cache.to(dtype), meta.block_tables, meta.seq_lens, meta.query_start_loc,
         torch.tensor(seqs, dtype=torch.int32, device=device), max(query_lens), out, head_dim**-0.5,
+        tile=tile,
     )
     starts = meta.query_start_loc_cpu
     picked = torch.zeros(t, dtype=torch.bool)
@@ -218,6 +223,30 @@ def test_prefill_kernel_pages_and_tile_edges(dtype, block_size):
     first = 150 if dtype == torch.float16 else 75
     # fresh, a decode over a prefix, extend over a prefix, a 1-token prompt, fresh again
     prefill_case([first, 1, 40, 1, 70], [first, 90, 203, 1, 70], 2, 1, 32, block_size, dtype)
+
+
+# The small grids' 64-row tiles (a chunk of a few hundred prompt tokens beside decodes),
+# over the same edges: several query tiles, a chunk over a cached prefix, pages per key tile.
+@pytest.mark.parametrize("tile", [(64, 64, 4, 3), (64, 32, 4, 3)])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_prefill_kernel_small_grid_tiles(tile, block_size):
+    prefill_case([150, 1, 40, 70], [150, 90, 203, 70], 2, 1, 32, block_size, torch.float16,
+                 tile=tile)
+
+
+def test_small_grids_take_64_row_tiles():
+    # Qwen3-8B's 32 heads on 132 SMs: a captured step of 512 tokens is 128 programs of
+    # 128-row tiles, one wave at most; 1024 tokens are two.
+    assert is_small_grid(32, 512, 132) and is_small_grid(32, 1, 132)
+    assert not is_small_grid(32, 1024, 132) and not is_small_grid(32, 16384, 132)
+    assert tile_config(torch.bfloat16, 128) == (128, 32, 4, 3)
+    if not torch.version.hip:
+        assert tile_config(torch.bfloat16, 128, True, 227 * 1024) == (64, 64, 4, 3)
+        # 64x64 tiles need 112 KiB: Ada and consumer Ampere (99 KiB a block) take 64x32.
+        assert tile_config(torch.bfloat16, 128, True, 99 * 1024) == (64, 32, 4, 3)
+    # fp32 and wide heads keep their tiles: they are already small.
+    assert tile_config(torch.float32, 128, True, 227 * 1024) == (32, 32, 8, 2)
+    assert tile_config(torch.bfloat16, 256, True, 227 * 1024) == (64, 32, 8, 2)
 
 
 @pytest.mark.parametrize("group", [1, 4, 8])
