@@ -51,6 +51,7 @@ CASES = {  # (sequences, new tokens each, cached prefix each)
     "1x448": (1, 448, 0),
     "1x1024": (1, 1024, 0),
     "4x512": (4, 512, 0),
+    "2x1024": (2, 1024, 0),
     "extend-1x256+256": (1, 256, 256),
 }
 BLOCK_SIZE = 16

@@ -193,12 +193,12 @@ def _prefill_kernel(
              o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
 
 
-# 128-row tiles up to this many programs an SM: fewer (a step's chunk of a few hundred
-# prompt tokens) leave SMs idle and each program a long chain of key tiles, which halved
-# rows run at twice the programs and half the work per tile. On an H100, graph-timed
-# (bench/prefill_attention.py, Qwen3-8B): 1 x 448 new tokens 18.5 -> 14 us, 256 over 256
-# cached 21 -> 14 us, at 64x64 tiles.
-SMALL_GRID_PROGRAMS_PER_SM = 1
+# 64-row tiles up to this many 128-row programs an SM: fewer (a step's prompt chunks of up
+# to a thousand tokens) leave SMs idle or give each program a long chain of key tiles, which
+# halved rows run at twice the programs and half the work a tile. On an H100, graph-timed
+# (bench/prefill_attention.py, Qwen3-8B, 64x64 against 128x32 tiles): 1 x 448 new tokens
+# 14.5 against 18.5 us, 256 over 256 cached 13.9 against 21, 1 x 1024 33.2 against 43.2.
+SMALL_GRID_PROGRAMS_PER_SM = 2
 
 
 def tile_config(dtype: torch.dtype, block_d: int, small_grid: bool = False,

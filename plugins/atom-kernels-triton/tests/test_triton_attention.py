@@ -235,10 +235,10 @@ def test_prefill_kernel_small_grid_tiles(tile, block_size):
 
 
 def test_small_grids_take_64_row_tiles():
-    # Qwen3-8B's 32 heads on 132 SMs: a captured step of 512 tokens is 128 programs of
-    # 128-row tiles, one wave at most; 1024 tokens are two.
-    assert is_small_grid(32, 512, 132) and is_small_grid(32, 1, 132)
-    assert not is_small_grid(32, 1024, 132) and not is_small_grid(32, 16384, 132)
+    # Qwen3-8B's 32 heads on 132 SMs: a captured step of 1024 tokens is 256 programs of
+    # 128-row tiles, under two an SM; 2048 tokens are 512.
+    assert is_small_grid(32, 1024, 132) and is_small_grid(32, 1, 132)
+    assert not is_small_grid(32, 2048, 132) and not is_small_grid(32, 16384, 132)
     assert tile_config(torch.bfloat16, 128) == (128, 32, 4, 3)
     if not torch.version.hip:
         assert tile_config(torch.bfloat16, 128, True, 227 * 1024) == (64, 64, 4, 3)
