@@ -41,3 +41,12 @@ def test_grid_fits_one_wave_where_it_can(batch, expected):
 def test_a_grid_that_fits_keeps_its_splits():
     assert fit_fp8_grid(8, 32, RESIDENT.__getitem__) == (32, FP8_TILE)
     assert fit_fp8_grid(100, 1, RESIDENT.__getitem__) == (1, FP8_TILE)
+
+
+@pytest.mark.parametrize("programs,splits", [(8, 32), (128, 4), (100, 1)])
+def test_every_grid_asks_both_tiles(programs, splits):
+    # Asking compiles a tile's kernel: a warm-up's grid that keeps the wide tile must still
+    # compile the narrow one, or a later grid that needs it compiles while serving.
+    asked = []
+    fit_fp8_grid(programs, splits, lambda tile: asked.append(tile) or RESIDENT[tile])
+    assert set(asked) == {FP8_TILE, FP8_NARROW_TILE}
