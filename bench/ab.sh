@@ -11,6 +11,9 @@
 # inside its timing (throughput_offline.py lists them): the second finds them in Triton's
 # cache. AB_ROUNDS=2 runs the pair twice; read the second round.
 #
+# The after tree is labelled with git's HEAD; a copied tree (a device machine's) may carry
+# a .git of another commit: name it with AB_AFTER_COMMIT.
+#
 # Add a wheel directory first on PYTHONPATH (e.g. /tmp/site) where packages are missing;
 # PYTHON names the interpreter that installs the trees (default python3). Run it where
 # the project is not installed already (the GPU machine), or two copies would register.
@@ -20,7 +23,7 @@ shift 2
 [ "${1:-}" = "--" ] && shift
 root=$(pwd)
 work=${AB_WORK:-/tmp/atom-ab}
-after_commit=$(git rev-parse --short HEAD 2>/dev/null || echo after)
+after_commit=${AB_AFTER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo after)}
 if [ ! -d "$work/before-src" ]; then
     mkdir -p "$work/before-src" && tar -xf "$tar" -C "$work/before-src" || exit 1
 fi
