@@ -33,6 +33,7 @@ from atom_kernels_triton.decode_attention import (
     paged_decode_attention,
 )
 from atom_kernels_triton.kv_cache import write_kv_cache
+from atom_kernels_triton.occupancy import device_limits
 from atom_kernels_triton.prefill_attention import paged_prefill_attention
 
 _PLAN = "_triton_attention_plan"  # per-batch index tensors, built once for all layers
@@ -40,7 +41,7 @@ _PLAN = "_triton_attention_plan"  # per-batch index tensors, built once for all 
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return device_limits(device).sms
     return 8  # the interpreter on CPU: any small number exercises the split path
 
 

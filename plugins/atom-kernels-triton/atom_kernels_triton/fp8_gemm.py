@@ -32,6 +32,7 @@ import triton.language as tl
 from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight
 from atom_kernels_triton import tuning
 from atom_kernels_triton.fp8_quant import quantize_rows
+from atom_kernels_triton.occupancy import device_limits
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 X_DTYPES = (torch.bfloat16, torch.float16)
@@ -163,11 +164,10 @@ def _sum_splits_kernel(part_ptr, b_ptr, out_ptr, MN, N, SPLIT_K: tl.constexpr,
     tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return H200_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return device_limits(device).sms
 
 
 def _cdiv(a: int, b: int) -> int:

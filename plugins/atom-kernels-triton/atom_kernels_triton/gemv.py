@@ -59,8 +59,6 @@ below ``w8a8_min_rows``, the W8A8 GEMM from there on.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -84,6 +82,7 @@ from atom_kernels_triton.gemv_config import (
     wide_config,
 )
 from atom_kernels_triton.norm import fused_add_rms_norm, rms_norm
+from atom_kernels_triton.occupancy import device_limits
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -285,11 +284,10 @@ def _split_k_reduce_kernel(
         tl.store(out_ptr + offs, y, mask=col_ok)
 
 
-@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return H200_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return device_limits(device).sms
 
 
 def supported(

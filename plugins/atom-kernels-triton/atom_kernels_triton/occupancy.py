@@ -14,8 +14,9 @@ DeepSeek-V2-Lite's batch-1 experts kernel to 2 programs an SM, slowing its decod
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -40,6 +41,19 @@ def _specialization(arg: Any) -> Any:
     if isinstance(arg, int) and not isinstance(arg, bool):
         return int, arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
     return type(arg)
+
+
+class DeviceLimits(NamedTuple):
+    sms: int
+    smem_per_block: int  # bytes of shared memory a block may opt into
+
+
+@functools.cache
+def device_limits(device: torch.device) -> DeviceLimits:
+    """A CUDA device's SM count and per-block shared memory: the one device query the
+    kernels' grid and tile rules read (cached; never queried during a graph capture)."""
+    props = torch.cuda.get_device_properties(device)
+    return DeviceLimits(props.multi_processor_count, props.shared_memory_per_block_optin)
 
 
 def _interpreted() -> bool:

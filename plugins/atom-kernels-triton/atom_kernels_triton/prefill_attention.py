@@ -31,13 +31,12 @@ sibling heads' re-reads instead.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from atom_kernels_triton.kv_cache import computes_in_f16
+from atom_kernels_triton.occupancy import device_limits
 
 
 @triton.jit
@@ -236,13 +235,6 @@ def is_small_grid(num_heads: int, num_tokens: int, num_sms: int) -> bool:
     return num_heads * triton.cdiv(num_tokens, 128) <= SMALL_GRID_PROGRAMS_PER_SM * num_sms
 
 
-@functools.cache
-def _device_limits(device: torch.device) -> tuple[int, int]:
-    """(SMs, shared memory a block may opt into) of a CUDA device."""
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, props.shared_memory_per_block_optin
-
-
 def paged_prefill_attention(
     q: torch.Tensor,  # [T, H, D]
     kv_cache: torch.Tensor,  # [2, num_blocks, block_size, kv_heads, D], new K/V already in;
@@ -274,7 +266,7 @@ def paged_prefill_attention(
     if tile is None:
         small, smem = False, 0
         if q.device.type == "cuda":
-            sms, smem = _device_limits(q.device)
+            sms, smem = device_limits(q.device)
             small = is_small_grid(num_heads, q.shape[0], sms)
         tile = tile_config(q.dtype, block_d, small, smem)
     block_m, block_n, warps, stages = tile
