@@ -3,10 +3,11 @@ backend) on the same data.
 
     python bench/prefill_attention.py [--models qwen3-8b qwen3-0.6b] [--cases 16x1024 ...]
         [--budget-ms 250] [--no-sweep] [--sweep-case qwen3-8b:4x4096] [--sweep-tiles 64,64,4,3 ...]
-        [--kv-dtype fp8] [--f16 0|1] [--json bench/results/prefill_attention.json]
+        [--kv-dtype fp8] [--f16 0|1] [--block-size 16] [--tma 0|1]
+        [--json bench/results/prefill_attention.json]
 
-Each case is a batch of equal sequences in bf16, block size 16, blocks handed out in
-shuffled order: fresh prefills (16 x 1024, 4 x 4096, 1 x 16384 tokens) and an extend
+Each case is a batch of equal sequences in bf16, block size 16 (``--block-size``), blocks
+handed out in shuffled order: fresh prefills (16 x 1024, 4 x 4096, 1 x 16384 tokens) and an extend
 (8 x 1024 new tokens over a 3072-token cached prefix). SDPA runs on the same K/V laid out
 contiguously, [B, H, L, D], with the kv heads repeated to the query heads (a copy made
 outside the timing), ``is_causal`` for fresh prefills and a lower-right causal bias
@@ -24,7 +25,7 @@ minute on an H200, most of it Triton compiling.
 
 ``--kv-dtype fp8`` stores the cache in e4m3 (``--kv_cache_dtype fp8``; SDPA reads the same
 values dequantized), and ``--f16 0`` / ``1`` forces the kernel's fp16 compute of an fp8
-cache off or on.
+cache off or on; ``--tma 0`` / ``1`` its TMA loads of K/V (pages of 64 tokens or more).
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-dtype", choices=("bf16", "fp8"), default="bf16")
     p.add_argument("--f16", type=int, choices=(0, 1), default=None,
                    help="force the kernel's fp16 compute of an fp8 cache off or on")
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help="the cache's tokens per block (--block-size of the engine)")
+    p.add_argument("--tma", type=int, choices=(0, 1), default=None,
+                   help="force the kernel's TMA loads of K/V off or on (on: where the pages "
+                        "hold whole tiles)")
     p.add_argument("--json", default="bench/results/prefill_attention.json")
     args = p.parse_args(argv)
     model, _, case = args.sweep_case.partition(":")
@@ -103,20 +109,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_case(model: str, case: str, seed: int = 0, dev: str = "cuda",
-              cache_dtype: torch.dtype = DTYPE) -> dict:
+              cache_dtype: torch.dtype = DTYPE, block_size: int = BLOCK_SIZE) -> dict:
     """The paged inputs of one case and the same data contiguous for SDPA."""
     heads, kv_heads, head_dim = MODELS[model]
     batch, q_len, prefix = CASES[case]
     seq_len = prefix + q_len
-    per_seq = triton.cdiv(seq_len, BLOCK_SIZE)
+    per_seq = triton.cdiv(seq_len, block_size)
     g = torch.Generator(device=dev).manual_seed(seed)
     tables = torch.randperm(batch * per_seq, generator=g, device=dev).view(batch, per_seq)
-    cache = torch.randn(2, batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, generator=g,
+    cache = torch.randn(2, batch * per_seq, block_size, kv_heads, head_dim, generator=g,
                         device=dev, dtype=DTYPE).to(cache_dtype)
     q = torch.randn(batch * q_len, heads, head_dim, generator=g, device=dev, dtype=DTYPE)
 
     def contiguous(kv: torch.Tensor) -> torch.Tensor:  # [B, heads, seq_len, D]
-        seqs = kv[tables].to(DTYPE).view(batch, per_seq * BLOCK_SIZE, kv_heads, head_dim)
+        seqs = kv[tables].to(DTYPE).view(batch, per_seq * block_size, kv_heads, head_dim)
         seqs = seqs[:, :seq_len]
         return seqs.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1).contiguous()
 
@@ -169,13 +175,13 @@ def time_ms(fn, budget_ms: float) -> float:
     return graph_us([fn] * calls) / 1e3
 
 
-def prepared(model: str, case: str, cache_dtype: torch.dtype, f16: bool | None):
+def prepared(model: str, case: str, cache_dtype: torch.dtype, block_size: int):
     """(case data, kernel arguments with a fresh output, SDPA call, its label, SDPA's output
     in the kernels' [T, H, D] layout)."""
-    c = make_case(model, case, cache_dtype=cache_dtype)
+    c = make_case(model, case, cache_dtype=cache_dtype, block_size=block_size)
     out = torch.empty_like(c["q"])
     args = (c["q"], c["cache"], c["block_tables"], c["seq_lens"], c["query_start_loc"],
-            c["seq_idx"], c["max_query_len"], out, c["scale"], 1.0, 1.0, None, None, f16)
+            c["seq_idx"], c["max_query_len"], out, c["scale"])
     sdpa, peer = sdpa_runner(c)
     return c, args, sdpa, peer, sdpa().transpose(1, 2).reshape(out.shape).float()
 
@@ -188,11 +194,12 @@ def max_abs_diff(kernel, args, ref: torch.Tensor, out: torch.Tensor | None = Non
 
 
 def run_case(model: str, case: str, budget_ms: float, cache_dtype: torch.dtype,
-             f16: bool | None) -> dict:
-    c, args, sdpa, peer, ref = prepared(model, case, cache_dtype, f16)
+             opts: dict, block_size: int) -> dict:
+    c, args, sdpa, peer, ref = prepared(model, case, cache_dtype, block_size)
+    kernel = functools.partial(paged_prefill_attention, **opts)
     row = {"model": model, "case": case, "peer": peer, "flops": c["flops"]}
-    row["new_max_abs_diff"] = max_abs_diff(paged_prefill_attention, args, ref)
-    row["new_ms"] = time_ms(lambda: paged_prefill_attention(*args), budget_ms)
+    row["new_max_abs_diff"] = max_abs_diff(kernel, args, ref)
+    row["new_ms"] = time_ms(lambda: kernel(*args), budget_ms)
     row["sdpa_ms"] = time_ms(sdpa, budget_ms)
     for name in ("new", "sdpa"):
         row[f"{name}_tflops"] = c["flops"] / row[f"{name}_ms"] / 1e9
@@ -202,13 +209,13 @@ def run_case(model: str, case: str, budget_ms: float, cache_dtype: torch.dtype,
 
 
 def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int, int, int]],
-          cache_dtype: torch.dtype, f16: bool | None) -> list[dict]:
+          cache_dtype: torch.dtype, opts: dict, block_size: int) -> list[dict]:
     """The new kernel under each tile config (what it picks for the case first); a config
     that fails to compile or run is recorded, not fatal."""
-    c, args, _, _, ref = prepared(model, case, cache_dtype, f16)
+    c, args, _, _, ref = prepared(model, case, cache_dtype, block_size)
     rows = []
     for tiles in [None, *configs]:
-        call = functools.partial(paged_prefill_attention, *args, tile=tiles)
+        call = functools.partial(paged_prefill_attention, *args, tile=tiles, **opts)
         row = {"model": model, "case": case, "tiles": list(tiles or []), "shipped": not rows}
         try:
             row["max_abs_diff"] = max_abs_diff(call, (), ref, args[7])
@@ -229,26 +236,29 @@ def sweep(model: str, case: str, budget_ms: float, configs: list[tuple[int, int,
 
 def write(path: Path, args: argparse.Namespace, rows: list[dict], sweep_rows: list[dict]
           ) -> None:
-    write_json(path, {"triton": triton.__version__, "block_size": BLOCK_SIZE, "dtype": str(DTYPE),
-                      "kv_dtype": args.kv_dtype, "f16": args.f16, "results": rows,
-                      "sweep": sweep_rows})
+    write_json(path, {"triton": triton.__version__, "block_size": args.block_size,
+                      "dtype": str(DTYPE), "kv_dtype": args.kv_dtype, "f16": args.f16,
+                      "tma": args.tma,
+                      "results": rows, "sweep": sweep_rows})
 
 
 def main() -> int:
     args = parse_args()
     cache_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else DTYPE
-    f16 = None if args.f16 is None else bool(args.f16)
+    opts = {name: None if getattr(args, name) is None else bool(getattr(args, name))
+            for name in ("f16", "tma")}
     if not torch.cuda.is_available():
         print("needs a CUDA device")
         return 2
     print(f"{torch.cuda.get_device_name(0)}  torch {torch.__version__}  "
-          f"triton {triton.__version__}  {DTYPE}, cache {cache_dtype}, block size {BLOCK_SIZE}")
+          f"triton {triton.__version__}  {DTYPE}, cache {cache_dtype}, "
+          f"block size {args.block_size}")
     print(f"{'model':<11} {'case':<19} {'new ms':>8} {'sdpa ms':>8} "
           f"{'new TF/s':>8} {'sdpa TF/s':>9} {'vs sdpa':>7} {'max|d|':>8}")
     rows = []
     for model in args.models:
         for case in args.cases:
-            r = run_case(model, case, args.budget_ms, cache_dtype, f16)
+            r = run_case(model, case, args.budget_ms, cache_dtype, opts, args.block_size)
             rows.append(r)
             flag = "" if r["ok"] else "  MISMATCH"
             print(f"{model:<11} {case:<19} {r['new_ms']:8.4f} {r['sdpa_ms']:8.4f} "
@@ -261,7 +271,8 @@ def main() -> int:
     if args.sweep:
         model, case = args.sweep_case.split(":")
         print(f"tile sweep, new kernel, {model} {case}:")
-        sweep_rows = sweep(model, case, args.budget_ms, args.sweep_tiles, cache_dtype, f16)
+        sweep_rows = sweep(model, case, args.budget_ms, args.sweep_tiles, cache_dtype, opts,
+                           args.block_size)
         write(path, args, rows, sweep_rows)
     print(f"wrote {path}")
     return 0 if all(r["ok"] for r in rows) else 1

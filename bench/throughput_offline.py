@@ -177,6 +177,7 @@ def bench_atom(results: dict) -> None:
            if ARGS.mixed_prefill_tokens is not None else {}),
         **({"cudagraph_capture_sizes": ARGS.cudagraph_capture_sizes}
            if ARGS.cudagraph_capture_sizes else {}),
+        **({"block_size": ARGS.block_size} if ARGS.block_size else {}),
     )
     randomize(engine.runner.model)
     results["atom_startup_s"] = time.perf_counter() - t0
@@ -329,6 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=SchedulerConfig().max_num_seqs,
                    help="default: the engine's")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--block-size", type=int, default=None,
+                   help="KV cache tokens per block (default: the engine's)")
     p.add_argument("--mixed-prefill-tokens", type=int, default=None,
                    help="the engine's cap on prompt tokens beside decodes (default: "
                         "LLMEngine's offline default, none: each step up to "
