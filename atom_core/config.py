@@ -20,6 +20,7 @@ DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96,
 # most 12.5% of rows from 512 tokens on.
 DEFAULT_PREFILL_CAPTURE_SIZES = [16, 32, 48, *range(64, 1025, 64), *range(1152, 2049, 128)]
 LOAD_DUMMY_MODES = ("empty", "zero", "xavier")
+DEFAULT_BLOCK_SIZE = 16  # KV cache tokens per block where no attention backend prefers one
 
 
 def opt(default: Any, flags: tuple[str, ...], help: str, **extra: Any) -> Any:
@@ -32,7 +33,11 @@ def opt(default: Any, flags: tuple[str, ...], help: str, **extra: Any) -> Any:
 
 @dataclass
 class CacheConfig:
-    block_size: int = opt(16, ("--block-size",), "KV cache block size (tokens per block)")
+    block_size: int | None = opt(
+        None, ("--block-size",),
+        "KV cache block size (tokens per block); default: the largest page size the "
+        f"model's attention backends prefer on the device, else {DEFAULT_BLOCK_SIZE}",
+    )
     gpu_memory_utilization: float = opt(
         0.9, ("--gpu-memory-utilization",), "fraction of GPU memory the engine may use (0, 1]"
     )
@@ -464,7 +469,7 @@ class Config:
                 check_options(m.fp8_layers, m.fp8_w8a8_min_rows)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-        if c.block_size < 1 or c.block_size & (c.block_size - 1):
+        if c.block_size is not None and (c.block_size < 1 or c.block_size & (c.block_size - 1)):
             raise ConfigError(f"--block-size must be a power of two, got {c.block_size}")
         if not 0 < c.gpu_memory_utilization <= 1:
             raise ConfigError(

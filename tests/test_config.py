@@ -14,7 +14,7 @@ def parse(*argv: str) -> Config:
 
 def test_defaults_follow_the_serving_guide():
     c = parse()
-    assert c.cache_config.block_size == 16
+    assert c.cache_config.block_size is None  # the backends' preference, else 16
     assert c.cache_config.gpu_memory_utilization == 0.9
     assert c.cache_config.kv_cache_dtype == "bf16"
     assert c.cache_config.enable_prefix_caching is False

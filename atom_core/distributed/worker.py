@@ -39,7 +39,7 @@ def run_rank(rank: int, size: int, init_method: str, config: Any, expert_paralle
     # Imported here: the engine's modules load the plugins.
     from atom_core.distributed.launch import rank_device
     from atom_core.engine.llm_engine import resolve_device, resolve_dtype
-    from atom_core.engine.model_runner import ModelRunner
+    from atom_core.engine.model_runner import ModelRunner, resolve_block_size
     from atom_core.engine.profiler import ProfileOrder, rank_profiler
     from atom_core.loader import load_model
 
@@ -50,6 +50,7 @@ def run_rank(rank: int, size: int, init_method: str, config: Any, expert_paralle
     init_tensor_parallel(rank, size, init_method, device, expert_parallel=expert_parallel)
     try:
         loaded = load_model(config, device, dtype)
+        resolve_block_size(config, loaded.model, device)
         if broadcast(None) != BUILD_RUNNER:  # rank 0 stopped before it built its runner
             return 0
         runner = ModelRunner(config, loaded, device, dtype)

@@ -18,7 +18,7 @@ from atom_core.distributed.engine_ranks import EngineRanks
 from atom_core.distributed.state import destroy_tensor_parallel
 from atom_core.distributed.workers import BUILD_RUNNER
 from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.model_runner import ModelRunner, resolve_block_size
 from atom_core.engine.output import RequestText
 from atom_core.engine.profiler import ProfileOrder, TraceWrite, rank_profiler
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
@@ -152,6 +152,7 @@ class LLMEngine:
 
     def _build(self, config: Config, sc: Any, detokenize: bool) -> None:
         loaded = load_model(config, self.device, self.dtype)
+        resolve_block_size(config, loaded.model, self.device)
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
         # The server's engine process leaves text (and so stop strings) to the frontend.

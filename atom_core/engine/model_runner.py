@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from atom_core.config import Config
+from atom_core.config import DEFAULT_BLOCK_SIZE, Config
 from atom_core.distributed.collectives import min_over_ranks
 from atom_core.engine.annotations import annotate
 from atom_core.engine.capture_traces import CaptureTracer
@@ -35,6 +35,18 @@ from atom_core.structured.matcher import fill_bitmask
 logger = logging.getLogger(__name__)
 
 GIB = 1 << 30
+
+
+def resolve_block_size(config: Config, model: torch.nn.Module, device: torch.device) -> int:
+    """``--block-size``, else the largest page size the model's attention backends prefer on
+    ``device``, else ``DEFAULT_BLOCK_SIZE``. Written into the config, which the drafter, the
+    runner and the block manager read after the model is loaded; every tensor-parallel rank
+    builds the same layers and so decides the same."""
+    cache = config.cache_config
+    if cache.block_size is None:
+        wanted = [layer.backend.preferred_block_size(device) for layer in model.attention_layers()]
+        cache.block_size = max([w for w in wanted if w] or [DEFAULT_BLOCK_SIZE])
+    return cache.block_size
 
 
 class ModelRunner(SpeculativeSteps):

@@ -92,6 +92,12 @@ class AttentionBackend(ABC):
     ) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
+    def preferred_block_size(self, device: torch.device) -> int | None:
+        """The cache page size (tokens per block) this backend's kernels run fastest on, on
+        ``device``; the engine takes the largest its layers prefer where ``--block-size``
+        is not given. None: no preference."""
+        return None
+
     @abstractmethod
     def forward(
         self,

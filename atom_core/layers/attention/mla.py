@@ -38,6 +38,10 @@ class MLABackend(ABC):
     fp8_kv_cache: bool = False
     kv_scale: float = 1.0  # fixed after loading, as AttentionBackend's k_scale
 
+    def preferred_block_size(self, device: torch.device) -> int | None:
+        """As ``AttentionBackend.preferred_block_size``."""
+        return None
+
     def __init__(
         self,
         num_heads: int,
