@@ -34,7 +34,11 @@ from atom_kernels_triton.decode_attention import (
 )
 from atom_kernels_triton.kv_cache import write_kv_cache
 from atom_kernels_triton.occupancy import device_limits
-from atom_kernels_triton.prefill_attention import paged_prefill_attention
+from atom_kernels_triton.prefill_attention import (
+    TMA_BLOCK_N,
+    paged_prefill_attention,
+    prefers_tma_pages,
+)
 
 _PLAN = "_triton_attention_plan"  # per-batch index tensors, built once for all layers
 
@@ -58,6 +62,12 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         super().__init__(num_heads, head_dim, num_kv_heads, scale)
         self._sms: int | None = None
+
+    def preferred_block_size(self, device: torch.device) -> int | None:
+        """Pages that hold whole TMA tiles where the prefill kernel loads K/V by TMA
+        (prefill_attention.py); decode attention runs as fast over them as over 16-token
+        pages (the offline fp8 run: 33.59 against 33.86 ms a decode-only step, H100)."""
+        return TMA_BLOCK_N if prefers_tma_pages(device, self.head_dim) else None
 
     def forward(
         self,

@@ -46,14 +46,16 @@ def _specialization(arg: Any) -> Any:
 class DeviceLimits(NamedTuple):
     sms: int
     smem_per_block: int  # bytes of shared memory a block may opt into
+    tma: bool  # the bulk tensor copy engine (NVIDIA sm_90 on): Triton's descriptor loads
 
 
 @functools.cache
 def device_limits(device: torch.device) -> DeviceLimits:
-    """A CUDA device's SM count and per-block shared memory: the one device query the
+    """A CUDA device's SM count, per-block shared memory and TMA: the one device query the
     kernels' grid and tile rules read (cached; never queried during a graph capture)."""
     props = torch.cuda.get_device_properties(device)
-    return DeviceLimits(props.multi_processor_count, props.shared_memory_per_block_optin)
+    tma = torch.version.hip is None and props.major >= 9
+    return DeviceLimits(props.multi_processor_count, props.shared_memory_per_block_optin, tma)
 
 
 def _interpreted() -> bool:

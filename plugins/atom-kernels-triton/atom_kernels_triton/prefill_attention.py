@@ -17,6 +17,10 @@ Throughput choices (prefill is compute bound; these follow the FlashAttention-2 
 - The page size is a compile-time constant: a tile inside one page reads one block id,
   and a tile over several pages finds each key's block with a shift (no integer division).
   K/V offsets keep their 16-element alignment, so loads vectorize and pipeline (cp.async).
+- Where the device has TMA and a page holds whole 64-key tiles (``--block-size`` 64 or
+  more, the backend's preferred page size there), K/V tiles are loaded by the copy engine
+  from descriptors of the cache, with no address arithmetic in registers: 128 x 64 tiles
+  then fit 4 warps without spilling.
 
 The cache may be float8_e4m3fn: K/V tiles are converted to the compute dtype as they are
 loaded, then computed on as a cache of that dtype would be (a no-op conversion for one),
@@ -37,6 +41,11 @@ import triton.language as tl
 
 from atom_kernels_triton.kv_cache import computes_in_f16
 from atom_kernels_triton.occupancy import device_limits
+
+try:  # host-side tensor descriptors: Triton 3.3 on
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer loads only
+    TensorDescriptor = None
 
 
 @triton.jit
@@ -64,22 +73,38 @@ def _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot,
 def _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
             stride_blk, stride_slot, kv_head_off, offs_d, dmask, window,
             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-            PAD_D: tl.constexpr, PRECISION: tl.constexpr, WINDOW: tl.constexpr):
+            PAD_D: tl.constexpr, PRECISION: tl.constexpr, WINDOW: tl.constexpr,
+            TMA: tl.constexpr):
     """Online softmax over keys [lo, hi); MASKED applies the causal and length masks, and
     with WINDOW the sliding window's (keys > q_pos - window). K/V are computed on in q's
-    dtype, whatever the cache holds."""
+    dtype, whatever the cache holds. TMA: k_ptr and v_ptr are descriptors of the cache as
+    [blocks * PAGE, kv_heads * head_dim] rows, each tile inside one page, and
+    ``kv_head_off`` the kv head's first column."""
     for n0 in range(lo, hi, BLOCK_N):
-        kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
-        ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
         if MASKED:
             offs_n = n0 + tl.arange(0, BLOCK_N)
+        if TMA:
+            row = tl.load(bt_row + n0 // PAGE) * PAGE + n0 % PAGE
+            k = k_ptr.load([row, kv_head_off]).to(q.dtype)
+            v = v_ptr.load([row, kv_head_off]).to(q.dtype)
+            if MASKED:
+                # A page's slots past hi were never written: a NaN there times p = 0 would
+                # still reach the sum. K needs no clearing: its scores are masked to -inf.
+                v = tl.where((offs_n < hi)[:, None], v, 0.0).to(q.dtype)
+        elif MASKED:
+            kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
+            ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
             kv_mask = (offs_n < hi)[:, None] & dmask[None, :]
             k = tl.load(k_ptr + ptrs, mask=kv_mask, other=0.0).to(q.dtype)
             v = tl.load(v_ptr + ptrs, mask=kv_mask, other=0.0).to(q.dtype)
         elif PAD_D:
+            kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
+            ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
             k = tl.load(k_ptr + ptrs, mask=dmask[None, :], other=0.0).to(q.dtype)
             v = tl.load(v_ptr + ptrs, mask=dmask[None, :], other=0.0).to(q.dtype)
         else:
+            kv_off = _kv_offsets(bt_row, n0, hi, stride_blk, stride_slot, PAGE, BLOCK_N, MASKED)
+            ptrs = kv_off[:, None] + kv_head_off + offs_d[None, :]
             k = tl.load(k_ptr + ptrs).to(q.dtype)
             v = tl.load(v_ptr + ptrs).to(q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -117,11 +142,12 @@ def _prefill_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    F16: tl.constexpr,
+    F16: tl.constexpr, KV_FP8: tl.constexpr, TMA: tl.constexpr,
 ):
     """HAS_WINDOW: a query at position p sees keys in (p - window, p]. HAS_SINKS: head h's
     ``sinks_ptr`` logit joins each of its rows' softmax denominators. Without them the
-    kernel is the one compiled before either existed."""
+    kernel is the one compiled before either existed. TMA: k_ptr and v_ptr are tensor
+    descriptors (``_attend``)."""
     h = tl.program_id(0)
     s = tl.load(seq_idx_ptr + tl.program_id(1))
     if s < 0:  # padding: a captured step's unused prompt capacity
@@ -152,7 +178,10 @@ def _prefill_kernel(
     l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + s.to(tl.int64) * bt_stride
-    kv_head_off = kvh * stride_head
+    if TMA:
+        kv_head_off = kvh * HEAD_DIM  # a column of the descriptor's rows
+    else:
+        kv_head_off = kvh * stride_head
     # Keys before `lo` precede the tile's first position: visible to every row (rows past
     # q_len included), all inside the context. From lo to hi the diagonal; lo <= the first
     # row's position < seq_len, so each row sees key lo in the first masked tile.
@@ -168,15 +197,16 @@ def _prefill_kernel(
         acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, start, mid, q_pos,
                                 qk_scale, stride_blk, stride_slot, kv_head_off, offs_d, dmask,
                                 window, PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION,
-                                True)
+                                True, TMA)
     else:
         mid = 0
     acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, mid, lo, q_pos, qk_scale,
                             stride_blk, stride_slot, kv_head_off, offs_d, dmask, window,
-                            PAGE, BLOCK_N, False, BLOCK_D != HEAD_DIM, PRECISION, False)
+                            PAGE, BLOCK_N, False, BLOCK_D != HEAD_DIM, PRECISION, False, TMA)
     acc, l_sum, m = _attend(acc, l_sum, m, q, k_ptr, v_ptr, bt_row, lo, hi, q_pos, qk_scale,
                             stride_blk, stride_slot, kv_head_off, offs_d, dmask, window,
-                            PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION, HAS_WINDOW)
+                            PAGE, BLOCK_N, True, BLOCK_D != HEAD_DIM, PRECISION, HAS_WINDOW,
+                            TMA)
 
     if HAS_SINKS:
         # exp(sink) relative to the row's max, in base 2 as the scores (every real row sees
@@ -186,7 +216,7 @@ def _prefill_kernel(
         # A row past q_len may see no key in the window (never stored): 0, not 0 / 0.
         l_sum = tl.where(l_sum > 0, l_sum, 1.0)
     o = acc / l_sum[:, None]
-    if v_ptr.dtype.element_ty == tl.float8e4nv:
+    if KV_FP8:
         o = o * v_scale
     tl.store(out_ptr + rows[:, None] * out_stride_t + h * out_stride_h + offs_d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
@@ -200,11 +230,33 @@ def _prefill_kernel(
 SMALL_GRID_PROGRAMS_PER_SM = 2
 
 
+# K/V tiles of this many keys are loaded by TMA where a cache page holds whole tiles. On an
+# H100, graph-timed (bench/prefill_attention.py, Qwen3-8B, bf16, pages of 64), 128 x 64
+# tiles under 4 warps: 16 x 1024 new tokens 0.431 against 0.526 ms with pointer loads, whose
+# address registers make the same tiles spill (0.560 ms).
+TMA_BLOCK_N = 64
+
+
+def tma_page(block_size: int) -> bool:
+    """Whether a cache of ``block_size``-token pages takes TMA tiles where the device has
+    TMA: each tile must lie inside one page."""
+    return block_size % TMA_BLOCK_N == 0
+
+
+def prefers_tma_pages(device: torch.device, head_dim: int) -> bool:
+    """Whether 16-bit queries of ``head_dim`` on ``device`` run TMA tiles by default, given
+    pages that hold them: a device with TMA, and a power-of-two head dim (a descriptor's box
+    is the whole head, unpadded) up to 128 (wider heads take their own smaller tiles)."""
+    return (TensorDescriptor is not None and head_dim in (16, 32, 64, 128)
+            and device.type == "cuda" and device_limits(device).tma)
+
+
 def tile_config(dtype: torch.dtype, block_d: int, small_grid: bool = False,
-                smem_per_block: int = 0) -> tuple[int, int, int, int]:
+                smem_per_block: int = 0, tma: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for this input dtype and padded head dim;
     ``small_grid``: 128-row tiles would not fill the GPU (``SMALL_GRID_PROGRAMS_PER_SM``),
-    on a device whose blocks may use ``smem_per_block`` bytes of shared memory.
+    on a device whose blocks may use ``smem_per_block`` bytes of shared memory; ``tma``: the
+    K/V tiles are loaded by TMA (``TMA_BLOCK_N`` keys, inside one page).
 
     Compiled for sm_90 (Triton 3.6): the 16-bit configs need at most 96 KiB of shared
     memory, so they also fit Ampere and Ada, but for the small grids' 64x64 tiles (112 KiB),
@@ -220,6 +272,10 @@ def tile_config(dtype: torch.dtype, block_d: int, small_grid: bool = False,
         return 64, 32, 8, 2  # 128-row tiles spill; 3 stages of wide K/V overflow shared memory
     if torch.version.hip:
         return 128, 64, 8, 2  # ROCm's pipeliner is tuned for two stages
+    if tma:
+        # Without address tensors the 128-row tiles fit 4 warps; a small grid's 64-row tiles
+        # as below (64 x 64 was the fastest TMA tile at 1 x 448 and 1 x 1024 on an H100).
+        return (64 if small_grid else 128), TMA_BLOCK_N, 4, 3
     if small_grid:
         return (64, 64, 4, 3) if smem_per_block >= 128 * 1024 else (64, 32, 4, 3)
     # Narrow K/V tiles under 4 warps: on an H200 (bench/prefill_attention.py, Qwen3-8B
@@ -252,6 +308,7 @@ def paged_prefill_attention(
     sliding_window: int | None = None,  # a query at p sees keys at positions > p - this
     f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
     tile: tuple[int, int, int, int] | None = None,  # tile_config's answer instead: tuning only
+    tma: bool | None = None,  # K/V by TMA (where possible), where not the default rule: tuning
 ) -> None:
     """Attention of sequences ``seq_idx``'s queries over their contexts, into ``out``.
     ``sinks`` and ``sliding_window`` as ``AttentionBackend`` defines them, passed as launch
@@ -263,14 +320,24 @@ def paged_prefill_attention(
     if seq_idx.shape[0] == 0:
         return
     block_d = triton.next_power_of_2(max(head_dim, 16))
+    small, smem = False, 0
+    if q.device.type == "cuda":
+        sms, smem, _ = device_limits(q.device)
+        small = is_small_grid(num_heads, q.shape[0], sms)
+    if tma is None:
+        tma = (q.dtype in (torch.float16, torch.bfloat16) and tma_page(block_size)
+               and prefers_tma_pages(q.device, head_dim))
+    # A forced tma=True runs descriptors wherever the layout allows: under the interpreter
+    # too (the CPU tests).
+    tma = (tma and TensorDescriptor is not None and block_d == head_dim
+           and q.dtype != torch.float32 and kv_cache.is_contiguous())
     if tile is None:
-        small, smem = False, 0
-        if q.device.type == "cuda":
-            sms, smem = device_limits(q.device)
-            small = is_small_grid(num_heads, q.shape[0], sms)
-        tile = tile_config(q.dtype, block_d, small, smem)
+        tile = tile_config(q.dtype, block_d, small, smem, tma)
     block_m, block_n, warps, stages = tile
+    tma = tma and block_size % block_n == 0
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if tma:
+        k_cache, v_cache = _descriptors(kv_cache, block_n)
     if kv_cache.dtype == torch.float8_e4m3fn:
         scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
     if f16 is None:
@@ -278,7 +345,7 @@ def paged_prefill_attention(
     grid = (num_heads, seq_idx.shape[0], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1),
-        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache, v_cache, kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
         out, out.stride(0), out.stride(1),
         scale, v_scale, sinks if sinks is not None else q, sliding_window or 0,
@@ -286,5 +353,23 @@ def paged_prefill_attention(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn, TMA=tma,
         num_warps=warps, num_stages=stages,
     )
+
+
+_descriptor_cache: dict[tuple, tuple] = {}
+
+
+def _descriptors(kv_cache: torch.Tensor, block_n: int) -> tuple:
+    """TMA descriptors of the cache's K and V as [blocks * page, kv_heads * head_dim] rows,
+    boxes of ``block_n`` keys of one kv head. A descriptor is a function of the address,
+    dtype and shape alone, so it is built once per layer's cache, not on every call."""
+    _, blocks, page, kv_heads, head_dim = kv_cache.shape
+    key = (kv_cache.data_ptr(), kv_cache.dtype, blocks, page, kv_heads, head_dim, block_n)
+    found = _descriptor_cache.get(key)
+    if found is None:
+        rows = [kv_cache[i].view(blocks * page, kv_heads * head_dim) for i in (0, 1)]
+        found = tuple(TensorDescriptor.from_tensor(r, [block_n, head_dim]) for r in rows)
+        _descriptor_cache[key] = found
+    return found

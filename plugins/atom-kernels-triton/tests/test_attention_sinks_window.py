@@ -260,7 +260,7 @@ def test_decode_kernel_fp8_cache(num_splits):
 
 
 def prefill_kernel_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype,
-                        sinks, window, seed=0, tile=None):
+                        sinks, window, seed=0, tile=None, tma=None):
     """paged_prefill_attention (q_len 1 rows included) against the native backend's
     attention over the same cache (written first), in fp32."""
     meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
@@ -277,7 +277,8 @@ def prefill_kernel_case(query_lens, context_lens, heads, kv_heads, head_dim, blo
     seqs = torch.arange(len(query_lens), dtype=torch.int32, device=DEVICE)
     paged_prefill_attention(q.view(t, heads, head_dim), ref_cache.to(dtype), meta.block_tables,
                             meta.seq_lens, meta.query_start_loc, seqs, max(query_lens), out,
-                            head_dim**-0.5, sinks=s, sliding_window=window, tile=tile)
+                            head_dim**-0.5, sinks=s, sliding_window=window, tile=tile,
+                            tma=tma)
     err = rel_err(out, ref)
     assert err < tolerance(dtype), err
 
@@ -314,6 +315,14 @@ def test_prefill_kernel_fp16(window):
 def test_prefill_kernel_small_grid_tiles(window):
     prefill_kernel_case([150, 40, 1], [150, 203, 80], 2, 1, 32, 16, torch.float16, True, window,
                         tile=(64, 64, 4, 3))
+
+
+# TMA tiles (64 keys inside a page of 64, by descriptor): windows inside a key tile, across
+# several, and none; the chunk at 163 starts mid-tile and mid-page.
+@pytest.mark.parametrize("window", [5, 40, 200, None])
+def test_prefill_kernel_tma_tiles(window):
+    prefill_kernel_case([150, 40, 1], [150, 203, 80], 2, 1, 32, 64, torch.float16, True, window,
+                        tile=(128, 64, 4, 3), tma=True)
 
 
 # --- decode with Qwen3's attention input fused in -----------------------------------------

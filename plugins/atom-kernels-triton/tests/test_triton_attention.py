@@ -185,7 +185,7 @@ def test_head_dim_64(dtype):
 
 
 def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size, dtype,
-                 select=None, seed=0, device=DEVICE, tile=None):
+                 select=None, seed=0, device=DEVICE, tile=None, tma=None):
     """paged_prefill_attention alone (q_len 1 rows included) over the sequences in
     ``select`` (all by default) vs the native backend; other rows stay untouched."""
     meta, cache = paged_batch(query_lens, context_lens, block_size, kv_heads, head_dim, dtype,
@@ -201,7 +201,7 @@ def prefill_case(query_lens, context_lens, heads, kv_heads, head_dim, block_size
     paged_prefill_attention(
         q3, ref_cache.to(dtype), meta.block_tables, meta.seq_lens, meta.query_start_loc,
         torch.tensor(seqs, dtype=torch.int32, device=device), max(query_lens), out, head_dim**-0.5,
-        tile=tile,
+        tile=tile, tma=tma,
     )
     starts = meta.query_start_loc_cpu
     picked = torch.zeros(t, dtype=torch.bool)
@@ -232,6 +232,75 @@ def test_prefill_kernel_pages_and_tile_edges(dtype, block_size):
 def test_prefill_kernel_small_grid_tiles(tile, block_size):
     prefill_case([150, 1, 40, 70], [150, 90, 203, 70], 2, 1, 32, block_size, torch.float16,
                  tile=tile)
+
+
+# K/V tiles of 64 keys inside one page, loaded by TMA descriptors (pages of 64 tokens or
+# more on a GPU with TMA; forced here, under the interpreter), over the same edges and GQA.
+# The unwritten slots of each sequence's last page hold NaN (paged_batch), which no stored
+# row may see.
+@pytest.mark.parametrize("tile", [(128, 64, 4, 3), (64, 64, 4, 3)])
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_prefill_kernel_tma_tiles(tile, block_size):
+    prefill_case([150, 1, 40, 70], [150, 90, 203, 70], 4, 2, 32, block_size, torch.float16,
+                 tile=tile, tma=True)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float8_e4m3fn])
+def test_prefill_kernel_tma_loads_give_the_pointer_loads_output(kv_dtype, monkeypatch):
+    """The same tiles over the same cache, K/V by descriptor or by pointer: the same bits in
+    every stored row, over an fp8 cache with scales too."""
+    from atom_kernels_triton import prefill_attention
+
+    built = []
+    real = prefill_attention._descriptors
+    monkeypatch.setattr(prefill_attention, "_descriptors",
+                        lambda *a: built.append(a) or real(*a))
+    query_lens, context_lens, heads, kv_heads, head_dim = [150, 1, 70], [150, 90, 203], 4, 2, 32
+    meta, cache = paged_batch(query_lens, context_lens, 64, kv_heads, head_dim, torch.float16,
+                              DEVICE, 0)
+    g = torch.Generator().manual_seed(1)
+    t = sum(query_lens)
+    q, k, v = (torch.randn(t, n * head_dim, generator=g).half().to(DEVICE)
+               for n in (heads, kv_heads, kv_heads))
+    _, written = native_attention(q, k, v, cache, meta, heads, kv_heads, head_dim)
+    cache = written.to(kv_dtype)  # NaN stays NaN in the unwritten slots, e4m3 too
+    outs = []
+    for tma in (False, True):
+        out = torch.full((t, heads, head_dim), float("nan"), dtype=torch.float16, device=DEVICE)
+        paged_prefill_attention(
+            q.view(t, heads, head_dim), cache, meta.block_tables, meta.seq_lens,
+            meta.query_start_loc, torch.arange(3, dtype=torch.int32, device=DEVICE),
+            max(query_lens), out, head_dim**-0.5, k_scale=0.5, v_scale=2.0,
+            tile=(128, 64, 4, 3), tma=tma)
+        outs.append(out)
+    assert len(built) == 1  # the second call, and only it, read by descriptor
+    assert not outs[1].isnan().any()
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_tma_tiles_where_the_device_and_pages_allow(monkeypatch):
+    from atom_kernels_triton import prefill_attention
+    from atom_kernels_triton.occupancy import DeviceLimits
+
+    cuda = torch.device("cuda", 0)
+    assert not prefill_attention.prefers_tma_pages(torch.device("cpu"), 128)
+    for tma in (False, True):
+        monkeypatch.setattr(prefill_attention, "device_limits",
+                            lambda device, tma=tma: DeviceLimits(132, 227 * 1024, tma))
+        # Hopper on: heads a descriptor's box covers whole; wider heads keep their tiles.
+        assert prefill_attention.prefers_tma_pages(cuda, 128) is tma
+        assert prefill_attention.prefers_tma_pages(cuda, 64) is tma
+        assert not prefill_attention.prefers_tma_pages(cuda, 256)
+        assert not prefill_attention.prefers_tma_pages(cuda, 96)
+        backend = TritonAttentionBackend(32, 128, 8, 128**-0.5)
+        assert backend.preferred_block_size(cuda) == (64 if tma else None)
+        assert TritonAttentionBackend(8, 256, 8, 1.0).preferred_block_size(cuda) is None
+    assert TritonAttentionBackend(32, 128, 8, 1.0).preferred_block_size(torch.device("cpu")) is None
+    # Pages hold whole tiles from 64 tokens on; the TMA tiles are 64 keys wide.
+    assert [prefill_attention.tma_page(b) for b in (16, 32, 64, 128)] == [False, False, True, True]
+    if not torch.version.hip:
+        assert tile_config(torch.bfloat16, 128, tma=True) == (128, 64, 4, 3)
+        assert tile_config(torch.bfloat16, 128, True, 227 * 1024, tma=True) == (64, 64, 4, 3)
 
 
 def test_small_grids_take_64_row_tiles():
