@@ -54,7 +54,8 @@ def test_every_option_shows_its_default(command):
 def test_serve_help_prints_the_defaults(capsys):
     text = " ".join(help_text(capsys, "serve").split())
     assert "--host HOST bind address (default: 0.0.0.0)" in text
-    assert "(tokens per block) (default: 16)" in text
+    assert ("(tokens per block); default: the largest page size the model's attention "
+            "backends prefer on the device, else 16 --" in text)
     assert "--disable-uvicorn-access-log no log line per HTTP request (default: False)" in text
     # a list is shown as it is typed, and a help that states its default keeps its words
     assert "batch sizes captured as CUDA graphs (default: 1 2 4 8 16 24" in text
