@@ -343,11 +343,12 @@ class LLMEngine:
 
     def warmup(self, mixed_rounds: bool | None = None) -> None:
         """A short prefill and decode, then (``mixed_rounds``) prompts beside 1, 2, 4, ...
-        running decodes, so that serving does not stop to compile kernels: the attention
-        kernels of a mixed step are specialised on how many decodes it holds (the Triton
-        backend's KV split count), and a Triton compile takes ~0.5-2 s with every running
-        request waiting. The rounds run by default on a GPU only: on a CPU nothing compiles,
-        and up to 128 decodes there took ~17 s of a server's start on a 2-core VM.
+        running decodes and beside the most there is room for, so that serving does not stop
+        to compile kernels: the attention kernels of a mixed step are specialised on how
+        many decodes it holds (the Triton backend's KV split count and tile), and a Triton
+        compile takes ~0.5-2 s with every running request waiting. The rounds run by default
+        on a GPU only: on a CPU nothing compiles, and up to 128 decodes there took ~17 s of a
+        server's start on a 2-core VM.
 
         Each round's prompts outnumber what a step graph holds (``MAX_PROMPTS``), so its
         mixed step runs eagerly, as a step past the graphs does in serving: a graph sizes its
@@ -359,12 +360,21 @@ class LLMEngine:
             return
         sched = self.config.scheduler_config
         # Each round: d one-token prompts start decoding, then 17-token prompts join them.
+        # d: the powers of two, then the most decodes that leave room for the prompts. Past
+        # one wave of programs a decode grid's tile is fitted to its size (decode_attention's
+        # fit_fp8_grid), and the offline fp8 run compiled the narrow tile's eager variant
+        # for 257-511 decodes beside prompts (H100) when the rounds stopped at 256.
         bs = self.block_manager.block_size
         vocab = self.hf_config.vocab_size
         joining = MAX_PROMPTS + 1
-        d = 1
-        while (d < sched.max_num_seqs and self.max_model_len > 20
-               and d * -(-4 // bs) + joining * -(-19 // bs) <= self.block_manager.num_blocks):
+        most = max(sched.max_num_seqs - joining, 1)
+        rounds = [1 << i for i in range(most.bit_length())]
+        if rounds[-1] != most:
+            rounds.append(most)
+        for d in rounds:
+            if (d >= sched.max_num_seqs or self.max_model_len <= 20
+                    or d * -(-4 // bs) + joining * -(-19 // bs) > self.block_manager.num_blocks):
+                break
             short = self.add_request(
                 [[0]] * d, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
             )
@@ -378,7 +388,6 @@ class LLMEngine:
             )
             while any(r in self._requests for r in short + joined):
                 self.step()
-            d *= 2
         self.block_manager.reset_prefix_cache_stats()
 
     def start_profile(self) -> None:
