@@ -142,12 +142,12 @@ def _prefill_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    F16: tl.constexpr, KV_FP8: tl.constexpr, TMA: tl.constexpr,
+    F16: tl.constexpr, KV_FP8: tl.constexpr, TMA: tl.constexpr, Q_TMA: tl.constexpr,
 ):
     """HAS_WINDOW: a query at position p sees keys in (p - window, p]. HAS_SINKS: head h's
     ``sinks_ptr`` logit joins each of its rows' softmax denominators. Without them the
     kernel is the one compiled before either existed. TMA: k_ptr and v_ptr are tensor
-    descriptors (``_attend``)."""
+    descriptors (``_attend``); Q_TMA: q_ptr too, of q as [tokens, heads * head_dim] rows."""
     h = tl.program_id(0)
     s = tl.load(seq_idx_ptr + tl.program_id(1))
     if s < 0:  # padding: a captured step's unused prompt capacity
@@ -166,8 +166,14 @@ def _prefill_kernel(
     mmask = offs_m < q_len
     dmask = offs_d < HEAD_DIM
     rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * q_stride_t + h * q_stride_h + offs_d[None, :],
-                mask=mmask[:, None] & dmask[None, :], other=0.0)
+    if Q_TMA:
+        # Straight into shared memory, where the QK^T product reads it: loaded by pointer, q
+        # would hold 64 registers a thread beside the accumulator. Rows past q_len (the next
+        # sequence's, or zeros past the last token) are never stored.
+        q = q_ptr.load([q_start + mblk * BLOCK_M, h * HEAD_DIM])
+    else:
+        q = tl.load(q_ptr + rows[:, None] * q_stride_t + h * q_stride_h + offs_d[None, :],
+                    mask=mmask[:, None] & dmask[None, :], other=0.0)
     q_pos = ctx + offs_m
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     if F16:  # K/V tiles convert to q's dtype: fp16
@@ -336,15 +342,22 @@ def paged_prefill_attention(
     block_m, block_n, warps, stages = tile
     tma = tma and block_size % block_n == 0
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    q_arg, q_tma = q, False
     if tma:
         k_cache, v_cache = _descriptors(kv_cache, block_n)
+        size = q.element_size()
+        q_tma = (q.stride(2) == 1 and q.stride(1) == head_dim and q.data_ptr() % 16 == 0
+                 and q.stride(0) * size % 16 == 0)
+        if q_tma:
+            q_arg = TensorDescriptor(q, [q.shape[0], num_heads * head_dim], [q.stride(0), 1],
+                                     [block_m, head_dim])
     if kv_cache.dtype == torch.float8_e4m3fn:
         scale = scale * k_scale  # q . (stored * k_scale) == (q . stored) * k_scale
     if f16 is None:
         f16 = computes_in_f16(q, kv_cache)
     grid = (num_heads, seq_idx.shape[0], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
-        q, q.stride(0), q.stride(1),
+        q_arg, q.stride(0), q.stride(1),
         k_cache, v_cache, kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables, block_tables.stride(0), seq_lens, query_start_loc, seq_idx,
         out, out.stride(0), out.stride(1),
@@ -353,7 +366,7 @@ def paged_prefill_attention(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
-        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn, TMA=tma,
+        KV_FP8=kv_cache.dtype == torch.float8_e4m3fn, TMA=tma, Q_TMA=q_tma,
         num_warps=warps, num_stages=stages,
     )
 
