@@ -42,15 +42,23 @@ def test_the_largest_preference_else_the_default():
 
 
 def test_engine_takes_the_backends_preference(monkeypatch):
-    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 5, [11, 12, 13]]
+    # Prompts sharing a 140-token prefix, in chunks of 48 tokens a step, with prefix caching:
+    # cached blocks, chunks and decodes cross the pages' edges differently at each size.
+    shared = [(7 * i) % 200 + 1 for i in range(140)]
+    prompts = [shared + [5, 6, 7], [11, 12, 13], shared + [9] * 30]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     outputs = {}
-    for preferred in (None, 32):
+    for preferred in (None, 32, 64):
         monkeypatch.setattr(NativeAttentionBackend, "preferred_block_size",
                             lambda self, device, p=preferred: p, raising=False)
-        eng = LLMEngine(str(tiny_model_dir("qwen3")), enable_log_stats=False, device="cpu")
+        eng = LLMEngine(str(tiny_model_dir("qwen3")), enable_log_stats=False, device="cpu",
+                        enable_prefix_caching=True, max_num_batched_tokens=48)
         assert eng.block_manager.block_size == (preferred or DEFAULT_BLOCK_SIZE)
         assert eng.runner.block_size == eng.block_manager.block_size
         assert eng.runner.kv_layers[0].kv_cache.shape[2] == eng.block_manager.block_size
-        outputs[preferred] = [o["token_ids"] for o in eng.generate(prompts, params)]
-    assert outputs[None] == outputs[32]
+        first = [o["token_ids"] for o in eng.generate(prompts, params)]
+        again = [o["token_ids"] for o in eng.generate(prompts, params)]  # from the cache
+        assert eng.block_manager.prefix_cache_hits > 0
+        assert again == first
+        outputs[preferred] = first
+    assert outputs[None] == outputs[32] == outputs[64]
