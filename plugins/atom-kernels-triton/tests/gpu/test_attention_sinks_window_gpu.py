@@ -72,12 +72,13 @@ def test_decode(dtype, window, batch, block_size):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [WINDOW, None])
-def test_prefill_extend_and_mixed(dtype, window):
+@pytest.mark.parametrize("block_size", [16, 64])  # 64: TMA tiles on Hopper on
+def test_prefill_extend_and_mixed(dtype, window, block_size):
     # Fresh prompts shorter and longer than the window, chunks starting mid-sequence over
     # cached prefixes, and decodes, in one batch; lengths off the query and key tiles.
     query_lens = [300, 1, 77, 129, 1, 16, 2000, 100]
     context_lens = [300, 900, 77, 1200, 33, 16, 2000, 4100]
-    run_case(query_lens, context_lens, dtype, window)
+    run_case(query_lens, context_lens, dtype, window, block_size)
 
 
 def test_long_context():

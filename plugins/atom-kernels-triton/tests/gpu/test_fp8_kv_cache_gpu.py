@@ -122,7 +122,7 @@ def test_decode_long_context():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: TMA tiles on Hopper on
 def test_prefill_extend_and_mixed(dtype, block_size):
     # Fresh prompts, prompts over cached prefixes and decodes in one batch; query lengths
     # off the 128-row query tiles, prefixes off the key tiles.

@@ -71,7 +71,7 @@ def test_decode_batch_256():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 8])
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: TMA tiles on Hopper on
 def test_prefill_and_extend(dtype, head_dim, group, block_size):
     kv_heads = 4
     # fresh prompts, prompts over cached prefixes, and decodes mixed into one batch; query
@@ -86,7 +86,7 @@ def test_prefill_long_chunk_block_32():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_prefill_kernel_one_token_rows_among_long(dtype, block_size):
     # The kernel alone computes q_len 1 rows too (the backend sends those to decode).
     prefill_case([1, 2000, 1, 333, 1, 1025], [700, 2000, 1, 3400, 5000, 1025], 32, 8, 128,
