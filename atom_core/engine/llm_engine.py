@@ -362,8 +362,8 @@ class LLMEngine:
         # Each round: d one-token prompts start decoding, then 17-token prompts join them.
         # d: the powers of two, then the most decodes that leave room for the prompts. Past
         # one wave of programs a decode grid's tile is fitted to its size (decode_attention's
-        # fit_fp8_grid), and the offline fp8 run compiled the narrow tile's eager variant
-        # for 257-511 decodes beside prompts (H100) when the rounds stopped at 256.
+        # fit_fp8_grid): with rounds up to 256 decodes, the offline fp8 run (up to 511
+        # decodes beside prompts) compiled the narrow tile's eager variant mid-run (H100).
         bs = self.block_manager.block_size
         vocab = self.hf_config.vocab_size
         joining = MAX_PROMPTS + 1
