@@ -8,12 +8,14 @@ and the default tile, over an fp8 cache as ``fit_grid`` sizes them (fewer splits
 32-row tile, where the grid would not run in one wave).
 
     python bench/decode_attention.py [--default-only] [--shapes NAME ...] [--kv-dtype fp8]
-        [--splits N ...] [--fused-input] [--json bench/results/decode_attention.json]
+        [--splits N ...] [--fused-input] [--block-size 16]
+        [--json bench/results/decode_attention.json]
 
 ``--default-only`` times just what the op picks today (an A/B of kernel changes).
 ``--kv-dtype fp8`` times an e4m3 cache (``--kv_cache_dtype fp8``), half the bytes a token;
 ``--f16 0`` / ``--f16 1`` forces the kernel's F16 off or on (computing on K/V in fp16).
 ``--splits`` limits the sweep's split counts (large batches run one split).
+``--block-size`` sets the cache's page (16 by default; the engine's default on Hopper is 64).
 ``--fused-input`` times the kernel as Qwen3's decode steps run it: from the qkv projection's
 raw rows, with the q/k RMSNorm, RoPE and the new token's cache write in the kernel
 (``new_tokens``). Tiles that win without it did not always win in the model (RESULTS.md).
@@ -61,13 +63,13 @@ TILES = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2)
 
 
 def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch.dtype,
-                fused: bool = False):
+                fused: bool = False, page: int = BLOCK_SIZE):
     """Caches (one a layer), block tables, lengths, query rows, q [batch, heads, 128], the
     output, and with ``fused`` the new tokens' input: q a column slice of raw qkv rows, the
     newest token (ctx - 1) of each sequence rewritten by every call."""
-    blocks_per_seq = -(-ctx // BLOCK_SIZE)
+    blocks_per_seq = -(-ctx // page)
     num_blocks = batch * blocks_per_seq
-    caches = [torch.randn(2, num_blocks, BLOCK_SIZE, kv_heads, 128, device="cuda",
+    caches = [torch.randn(2, num_blocks, page, kv_heads, 128, device="cuda",
                           dtype=torch.bfloat16).to(kv_dtype) for _ in range(LAYERS)]
     tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32)
     tables = tables.view(batch, blocks_per_seq)
@@ -83,7 +85,7 @@ def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch
         cos_sin = torch.randn(ctx, 128, device="cuda")
         positions = torch.full((batch,), ctx - 1, device="cuda", dtype=torch.long)
         last = ctx - 1
-        slots = (tables[:, last // BLOCK_SIZE] * BLOCK_SIZE + last % BLOCK_SIZE).long()
+        slots = (tables[:, last // page] * page + last % page).long()
         new = NewTokenInput(k, v, ones, ones, 1e-6, positions, cos_sin, slots, True)
     else:
         q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
@@ -102,13 +104,14 @@ def calls(inputs, splits: int, tile, f16: bool | None = None) -> list:
 
 def main() -> None:
     args = shape_args(__doc__, "bench/results/decode_attention.json", list(SHAPES), "tile",
-                      kv_dtype=True, splits=SPLITS, fused_input=True)
+                      kv_dtype=True, splits=SPLITS, fused_input=True, block_size=BLOCK_SIZE)
     kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def measure(name: str) -> dict:
         batch, ctx, heads, kv_heads = SHAPES[name]
-        inputs = make_inputs(batch, ctx, heads, kv_heads, kv_dtype, args.fused_input)
+        inputs = make_inputs(batch, ctx, heads, kv_heads, kv_dtype, args.fused_input,
+                             args.block_size)
         roofline = batch * ctx * kv_heads * 128 * 2 * kv_dtype.itemsize / COPY_BW * 1e6
         chosen = num_kv_splits(batch, kv_heads, sms)
         # None: the grid the backend asks for (what a model runs today).

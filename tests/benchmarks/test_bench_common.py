@@ -56,3 +56,13 @@ def test_shape_args_defaults_and_choices(monkeypatch):
     with pytest.raises(SystemExit):
         common.shape_args(DOC, "out.json", SHAPES, "tile")
 
+
+
+def test_shape_args_block_size_only_where_asked(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench"])
+    assert common.shape_args(DOC, "out.json", SHAPES, "tile", block_size=16).block_size == 16
+    assert not hasattr(common.shape_args(DOC, "out.json", SHAPES, "tile"), "block_size")
+    monkeypatch.setattr(sys, "argv", ["bench", "--block-size", "64"])
+    assert common.shape_args(DOC, "out.json", SHAPES, "tile", block_size=16).block_size == 64
+    with pytest.raises(SystemExit):  # a bench without pages has no such flag
+        common.shape_args(DOC, "out.json", SHAPES, "tile")
