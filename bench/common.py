@@ -535,13 +535,15 @@ def run_shapes(names: list[str], measure: Callable[[str], dict], json_path: str)
 
 def shape_args(doc: str, json_path: str, shapes: list[str], choice: str,
                kv_dtype: bool = False, splits: list[int] | None = None,
-               fused_input: bool = False, block_size: int | None = None) -> argparse.Namespace:
+               fused_input: bool = False, block_size: int | None = None,
+               tma: bool = False) -> argparse.Namespace:
     """The kernel benches' command line: --json (default ``json_path``), --default-only (time
     only the op's own split count and ``choice``), --shapes (of ``shapes``, all by default);
     with ``kv_dtype``, --kv-dtype (bf16 or fp8, the cache's) and --f16; with ``splits``,
     --splits (the split counts swept, all of ``splits`` by default); with ``fused_input``,
     --fused-input (decode attention's q/k norm, RoPE and cache write in the kernel); with
-    ``block_size``, --block-size (the cache's tokens a page, that by default)."""
+    ``block_size``, --block-size (the cache's tokens a page, that by default); with ``tma``,
+    --tma (the K/V tiles by pointer or by TMA, instead of the op's rule)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--json", default=json_path)
     p.add_argument("--default-only", action="store_true",
@@ -559,6 +561,9 @@ def shape_args(doc: str, json_path: str, shapes: list[str], choice: str,
     if block_size:
         p.add_argument("--block-size", type=int, default=block_size,
                        help="the cache's tokens per page (--block-size of the engine)")
+    if tma:
+        p.add_argument("--tma", type=int, choices=(0, 1), default=None,
+                       help="force the K/V tiles' loads by pointer (0) or TMA (1)")
     return p.parse_args()
 
 

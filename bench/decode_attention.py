@@ -8,14 +8,16 @@ and the default tile, over an fp8 cache as ``fit_grid`` sizes them (fewer splits
 32-row tile, where the grid would not run in one wave).
 
     python bench/decode_attention.py [--default-only] [--shapes NAME ...] [--kv-dtype fp8]
-        [--splits N ...] [--fused-input] [--block-size 16]
+        [--splits N ...] [--fused-input] [--block-size 16] [--tma 0|1]
         [--json bench/results/decode_attention.json]
 
 ``--default-only`` times just what the op picks today (an A/B of kernel changes).
 ``--kv-dtype fp8`` times an e4m3 cache (``--kv_cache_dtype fp8``), half the bytes a token;
 ``--f16 0`` / ``--f16 1`` forces the kernel's F16 off or on (computing on K/V in fp16).
 ``--splits`` limits the sweep's split counts (large batches run one split).
-``--block-size`` sets the cache's page (16 by default; the engine's default on Hopper is 64).
+``--block-size`` sets the cache's page (16 by default; the engine's default on Hopper is 64);
+``--tma 0`` / ``--tma 1`` forces the K/V tiles' loads by pointer or by TMA (where the pages
+hold whole tiles) instead of the op's rule.
 ``--fused-input`` times the kernel as Qwen3's decode steps run it: from the qkv projection's
 raw rows, with the q/k RMSNorm, RoPE and the new token's cache write in the kernel
 (``new_tokens``). Tiles that win without it did not always win in the model (RESULTS.md).
@@ -93,18 +95,19 @@ def make_inputs(batch: int, ctx: int, heads: int, kv_heads: int, kv_dtype: torch
     return caches, tables, seq_lens, qsl, q, out, new
 
 
-def calls(inputs, splits: int, tile, f16: bool | None = None) -> list:
+def calls(inputs, splits: int, tile, f16: bool | None = None, tma: bool | None = None) -> list:
     """One call a layer, each on its own cache; without a tile, the backend's grid."""
     caches, tables, seq_lens, qsl, q, out, new = inputs
     return [functools.partial(paged_decode_attention, q, cache, tables, seq_lens, qsl, out,
                               128**-0.5, splits, tile=tile, f16=f16, new_tokens=new,
-                              fit_grid=tile is None)
+                              fit_grid=tile is None, tma=tma)
             for cache in caches]
 
 
 def main() -> None:
     args = shape_args(__doc__, "bench/results/decode_attention.json", list(SHAPES), "tile",
-                      kv_dtype=True, splits=SPLITS, fused_input=True, block_size=BLOCK_SIZE)
+                      kv_dtype=True, splits=SPLITS, fused_input=True, block_size=BLOCK_SIZE,
+                      tma=True)
     kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8" else torch.bfloat16
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
@@ -119,8 +122,9 @@ def main() -> None:
         if not args.default_only:
             space += [(s, t) for s in args.splits for t in TILES]
         f16 = None if args.f16 is None else bool(args.f16)
+        tma = None if args.tma is None else bool(args.tma)
         out = inputs[5]
-        found = sweep(functools.partial(calls, inputs, f16=f16), space, out,
+        found = sweep(functools.partial(calls, inputs, f16=f16, tma=tma), space, out,
                       lambda p: {"splits": p[0], "tile": p[1]})
         best, default, rows = found["best"], found["default"], found["all"]
         print(f"{name:28s} roofline {roofline:6.2f} us | today (splits <= {chosen}, fitted) "

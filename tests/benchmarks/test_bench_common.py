@@ -66,3 +66,13 @@ def test_shape_args_block_size_only_where_asked(monkeypatch):
     assert common.shape_args(DOC, "out.json", SHAPES, "tile", block_size=16).block_size == 64
     with pytest.raises(SystemExit):  # a bench without pages has no such flag
         common.shape_args(DOC, "out.json", SHAPES, "tile")
+
+
+def test_shape_args_tma_override(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["bench"])
+    assert common.shape_args(DOC, "out.json", SHAPES, "tile", tma=True).tma is None
+    monkeypatch.setattr(sys, "argv", ["bench", "--tma", "0"])
+    assert common.shape_args(DOC, "out.json", SHAPES, "tile", tma=True).tma == 0
+    monkeypatch.setattr(sys, "argv", ["bench", "--tma", "2"])
+    with pytest.raises(SystemExit):
+        common.shape_args(DOC, "out.json", SHAPES, "tile", tma=True)

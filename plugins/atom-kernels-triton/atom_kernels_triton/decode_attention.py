@@ -28,9 +28,15 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels_triton.kv_cache import computes_in_f16, to_cache
+from atom_kernels_triton.kv_cache import (
+    TensorDescriptor,
+    cache_descriptors,
+    computes_in_f16,
+    to_cache,
+)
 from atom_kernels_triton.occupancy import resident_programs
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
+from atom_kernels_triton.prefill_attention import prefers_tma_pages
 from atom_kernels_triton.qk_norm_rope import norm_rope_rows
 
 # Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
@@ -175,7 +181,7 @@ def _with_new_row(k, v, k_new, v_new, offs_n, seq_len):
 @triton.jit
 def _decode_kernel(
     q_ptr, q_stride_t, q_stride_h,
-    k_ptr, v_ptr, stride_blk, stride_slot, stride_head,
+    k_ptr, v_ptr, k_desc, v_desc, stride_blk, stride_slot, stride_head,
     bt_ptr, bt_stride, seq_lens_ptr, qsl_ptr, seq_idx_ptr,
     out_ptr, out_stride_t, out_stride_h,
     po_ptr, plse_ptr, count_ptr,
@@ -186,7 +192,7 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr, PRECISION: tl.constexpr, PRELOAD: tl.constexpr,
     FUSED_INPUT: tl.constexpr, IS_NEOX: tl.constexpr, PDL: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, F16: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, F16: tl.constexpr, TMA: tl.constexpr,
 ):
     """F16 (an fp8 cache under a 16-bit query): K/V tiles are converted to fp16, which holds
     every e4m3 value exactly and converts from it in one instruction a pair (bf16 takes
@@ -206,6 +212,13 @@ def _decode_kernel(
     table entries; the preloading grids also the tile itself. The loop then reads each next
     tile's block table entries one iteration ahead: read in the iteration that uses them,
     they cost a dependent round trip per tile, and Triton's pipeliner does not hoist them.
+
+    TMA (pages holding whole tiles, no window, no preload): the loop's tiles are loaded by
+    the copy engine from ``k_desc``/``v_desc``, descriptors of the cache as [blocks * page,
+    kv_heads * head_dim] rows, with no address arithmetic in registers. A split's last tile,
+    the one that may be partial and may hold the newest row, is taken first, masked, with
+    the fused input's row patched in from registers (so the store needs no barrier, nor the
+    copy engine a proxy fence); every tile of the loop after it is whole and unmasked.
 
     HAS_WINDOW: the query (token seq_len - 1) sees only the last ``window`` tokens, and the
     splits divide those alone. HAS_SINKS: each query head's ``sinks_ptr`` logit joins its
@@ -249,8 +262,9 @@ def _decode_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     qk_scale = sm_scale * 1.4426950408889634  # exp2 instead of exp
     first = start
-    rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot, stride_head,
-                      BLOCK_N)
+    if not TMA:
+        rows = _tile_rows(bt_row, start, end, kvh, block_size, stride_blk, stride_slot,
+                          stride_head, BLOCK_N)
     if PRELOAD:
         # Latency-bound grids (many splits, a tile or two each) load before pdl_wait what no
         # kernel of the step writes (pdl.py): the metadata, and the first K/V tile, whose
@@ -300,7 +314,8 @@ def _decode_kernel(
                    + kvh * stride_head)
             tl.store(k_ptr + dst + offs_d[None, :], k_new, mask=dmask[None, :])
             tl.store(v_ptr + dst + offs_d[None, :], v_new, mask=dmask[None, :])
-        tl.debug_barrier()  # the loop's loads by other threads see the row (same SM, same CTA)
+        if not TMA:
+            tl.debug_barrier()  # the loop's loads by other threads see the row (same CTA)
     else:
         q = tl.load(
             q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :],
@@ -317,14 +332,42 @@ def _decode_kernel(
             k, v = _with_new_row(k, v, k_new.to(DTYPE), v_new.to(DTYPE), offs_n, seq_len)
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    for n0 in range(first, end, BLOCK_N):
-        next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk, stride_slot,
-                               stride_head, BLOCK_N)
-        k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N,
-                                        DTYPE)
-        p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        rows = next_rows
+    if TMA:
+        col = kvh * head_dim  # the kv head's first column of the descriptors' rows
+        # The split's last tile: start is a whole number of tiles into a page.
+        tail = tl.where(end > start, start + (end - 1 - start) // BLOCK_N * BLOCK_N, start)
+        if end > start:
+            key = tl.load(bt_row + tail // block_size) * block_size + tail % block_size
+            k = k_desc.load([key, col]).to(DTYPE)
+            v = v_desc.load([key, col]).to(DTYPE)
+            offs_n = tail + tl.arange(0, BLOCK_N)
+            nmask = offs_n < end
+            if FUSED_INPUT:
+                k, v = _with_new_row(k, v, k_new.to(DTYPE), v_new.to(DTYPE), offs_n, seq_len)
+            # Slots past the context were never written: a NaN there times p = 0 is NaN.
+            v = tl.where(nmask[:, None], v, 0.0).to(DTYPE)
+            p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DTYPE), v, input_precision=PRECISION)
+        for n0 in range(start, tail, BLOCK_N):
+            key = tl.load(bt_row + n0 // block_size) * block_size + n0 % block_size
+            k = k_desc.load([key, col]).to(DTYPE)
+            v = v_desc.load([key, col]).to(DTYPE)
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            m_new = tl.maximum(m, tl.max(qk, axis=1))
+            p = tl.exp2(qk - m_new[:, None])
+            alpha = tl.exp2(m - m_new)
+            l_sum = l_sum * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(DTYPE), v, input_precision=PRECISION)
+            m = m_new
+    else:
+        for n0 in range(first, end, BLOCK_N):
+            next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk,
+                                   stride_slot, stride_head, BLOCK_N)
+            k, v, nmask, _, _, _ = _kv_tile(k_ptr, v_ptr, rows, n0, end, offs_d, dmask, BLOCK_N,
+                                            DTYPE)
+            p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            rows = next_rows
 
     if HAS_SINKS:
         # exp(sink) in the softmax's base-2 units: the split's scores were scaled by log2(e).
@@ -452,6 +495,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,  # the query sees only its sequence's last this many
     f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
     fit_grid: bool = False,
+    tma: bool | None = None,  # K/V by TMA (where possible), where not the default rule: tuning
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
     an fp8 cache's K and V read times ``k_scale`` and ``v_scale``. ``sinks`` and
@@ -466,7 +510,12 @@ def paged_decode_attention(
 
     ``fit_grid``: ``num_splits`` is an upper bound; over an fp8 cache on a GPU a grid of
     fewer splits or narrower tiles may run (``fit_fp8_grid``), where ``tile`` is not given.
-    The model's backend passes it; without it the grid is exactly as asked."""
+    The model's backend passes it; without it the grid is exactly as asked.
+
+    K/V tiles are loaded by TMA (``_decode_kernel``'s ``TMA``) where the device has it (as
+    for prefill: ``prefers_tma_pages``), a page holds whole tiles, 16-bit queries attend
+    with no window, and the grid does not preload; ``tma=False`` keeps pointer loads, and a
+    forced True runs descriptors wherever the layout allows (the interpreter too)."""
     if sinks is not None and sinks.stride(0) != 1:
         raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -498,12 +547,19 @@ def paged_decode_attention(
     else:
         extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
 
+    if tma is None:
+        tma = prefers_tma_pages(q.device, head_dim)
+    tma = (tma and TensorDescriptor is not None and block_d == head_dim and sliding_window is None
+           and q.dtype in (torch.float16, torch.bfloat16) and kv_cache.is_contiguous())
+
     def launch(splits: int, po: torch.Tensor, plse: torch.Tensor, counters: torch.Tensor,
                tile: Tile) -> tuple[tuple, dict]:
         """The kernel's arguments and compile-time options for this grid and tile."""
+        tiled = tma and splits < PRELOAD_MIN_SPLITS and block_size % tile[0] == 0
+        descs = cache_descriptors(kv_cache, tile[0]) if tiled else (k_cache, v_cache)
         args = (
             q, q.stride(0), q.stride(1),
-            k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_cache, v_cache, *descs, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             block_tables, block_tables.stride(0), seq_lens, query_start_loc, idx,
             out, out.stride(0), out.stride(1), po, plse, counters,
             scale, block_size, head_dim, fresh, v_scale, 1.0 / k_scale, 1.0 / v_scale, *extra,
@@ -516,7 +572,7 @@ def paged_decode_attention(
             PRECISION=precision, PRELOAD=splits >= PRELOAD_MIN_SPLITS, FUSED_INPUT=fused,
             IS_NEOX=new_tokens.is_neox if fused else True,
             HAS_SINKS=sinks is not None, HAS_WINDOW=sliding_window is not None, F16=f16,
-            num_warps=tile[1], num_stages=tile[2], **pdl_options(q.device),
+            TMA=tiled, num_warps=tile[1], num_stages=tile[2], **pdl_options(q.device),
         )
         return args, consts
 
@@ -534,7 +590,7 @@ def paged_decode_attention(
             # Decided once per kernel variant and grid: an eager step would otherwise pay
             # the residency lookup (a pass over every argument) in every layer.
             key = (q.device, q.dtype, group, block_d, fused, seq_idx is not None,
-                   sinks is not None, sliding_window is not None, f16,
+                   sinks is not None, sliding_window is not None, f16, tma, block_size,
                    num_seqs * num_kv_heads, num_splits)
             if key not in _FP8_GRIDS:
                 # Residency of the one-split kernel (``out`` stands for the unused partials,

@@ -17,6 +17,29 @@ import triton.language as tl
 
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
+try:  # host-side tensor descriptors: Triton 3.3 on
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer loads only
+    TensorDescriptor = None
+
+# Descriptors of a layer's cache, by (address, dtype, shape, box rows).
+_descriptor_cache: dict[tuple, tuple] = {}
+
+
+def cache_descriptors(kv_cache: torch.Tensor, block_n: int) -> tuple:
+    """TMA descriptors of the cache's K and V as [blocks * page, kv_heads * head_dim] rows,
+    boxes of ``block_n`` keys of one kv head: an attention kernel's K/V tiles, loaded by the
+    copy engine where a page holds whole tiles. A descriptor is a function of the address,
+    dtype and shape alone, so it is built once per layer's cache, not on every call."""
+    _, blocks, page, kv_heads, head_dim = kv_cache.shape
+    key = (kv_cache.data_ptr(), kv_cache.dtype, blocks, page, kv_heads, head_dim, block_n)
+    found = _descriptor_cache.get(key)
+    if found is None:
+        rows = [kv_cache[i].view(blocks * page, kv_heads * head_dim) for i in (0, 1)]
+        found = tuple(TensorDescriptor.from_tensor(r, [block_n, head_dim]) for r in rows)
+        _descriptor_cache[key] = found
+    return found
+
 
 def computes_in_f16(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether attention of 16-bit ``q`` over ``kv_cache`` computes on its tiles in fp16: an

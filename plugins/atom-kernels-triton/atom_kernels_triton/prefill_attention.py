@@ -39,13 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels_triton.kv_cache import computes_in_f16
+from atom_kernels_triton.kv_cache import TensorDescriptor, cache_descriptors, computes_in_f16
 from atom_kernels_triton.occupancy import device_limits
-
-try:  # host-side tensor descriptors: Triton 3.3 on
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton: pointer loads only
-    TensorDescriptor = None
 
 
 @triton.jit
@@ -345,7 +340,7 @@ def paged_prefill_attention(
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     q_arg, q_tma = q, False
     if tma:
-        k_cache, v_cache = _descriptors(kv_cache, block_n)
+        k_cache, v_cache = cache_descriptors(kv_cache, block_n)
         size = q.element_size()
         q_tma = (q.stride(2) == 1 and q.stride(1) == head_dim and q.data_ptr() % 16 == 0
                  and q.stride(0) * size % 16 == 0)
@@ -370,20 +365,3 @@ def paged_prefill_attention(
         KV_FP8=kv_cache.dtype == torch.float8_e4m3fn, TMA=tma, Q_TMA=q_tma,
         num_warps=warps, num_stages=stages,
     )
-
-
-_descriptor_cache: dict[tuple, tuple] = {}
-
-
-def _descriptors(kv_cache: torch.Tensor, block_n: int) -> tuple:
-    """TMA descriptors of the cache's K and V as [blocks * page, kv_heads * head_dim] rows,
-    boxes of ``block_n`` keys of one kv head. A descriptor is a function of the address,
-    dtype and shape alone, so it is built once per layer's cache, not on every call."""
-    _, blocks, page, kv_heads, head_dim = kv_cache.shape
-    key = (kv_cache.data_ptr(), kv_cache.dtype, blocks, page, kv_heads, head_dim, block_n)
-    found = _descriptor_cache.get(key)
-    if found is None:
-        rows = [kv_cache[i].view(blocks * page, kv_heads * head_dim) for i in (0, 1)]
-        found = tuple(TensorDescriptor.from_tensor(r, [block_n, head_dim]) for r in rows)
-        _descriptor_cache[key] = found
-    return found

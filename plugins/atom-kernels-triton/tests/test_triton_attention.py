@@ -252,8 +252,8 @@ def test_prefill_kernel_tma_loads_give_the_pointer_loads_output(kv_dtype, monkey
     from atom_kernels_triton import prefill_attention
 
     built = []
-    real = prefill_attention._descriptors
-    monkeypatch.setattr(prefill_attention, "_descriptors",
+    real = prefill_attention.cache_descriptors
+    monkeypatch.setattr(prefill_attention, "cache_descriptors",
                         lambda *a: built.append(a) or real(*a))
     query_lens, context_lens, heads, kv_heads, head_dim = [150, 1, 70], [150, 90, 203], 4, 2, 32
     meta, cache = paged_batch(query_lens, context_lens, 64, kv_heads, head_dim, torch.float16,

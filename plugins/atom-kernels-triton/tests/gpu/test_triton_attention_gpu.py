@@ -1,5 +1,5 @@
 """The Triton paged attention backend against the native one on the GPU: dtypes, head dims
-64/128, GQA ratios 1/4/8, block sizes 16/32, contexts up to 32k, batches up to 256; the
+64/128, GQA ratios 1/4/8, block sizes 16/32/64, contexts up to 32k, batches up to 256; the
 prefill kernel alone on real shapes, with 1-token rows among long ones; and the decode
 kernel replayed from a CUDA graph and run repeatedly (bitwise equal)."""
 
@@ -51,7 +51,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 8])
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: TMA tiles on Hopper on
 @pytest.mark.parametrize("batch", [1, 7, 64])
 def test_decode_sweep(dtype, head_dim, group, block_size, batch):
     kv_heads = 8 if group < 8 else 4
@@ -98,14 +98,17 @@ def test_prefill_long_context(query_len, ctx):
     run_case([query_len, 100], [ctx, 300], 32, 8, 128, 16, torch.bfloat16)
 
 
-def test_decode_cuda_graph_replays_with_changing_lengths():
-    # One capture at batch 2 (32 splits on an H200), replayed over new lengths - padding
-    # rows and contexts shorter than the split count among them - and new queries: the
-    # split counters must come back to zero after every replay, with no memset node.
-    heads, kv_heads, head_dim, block_size, max_ctx = 32, 8, 128, 16, 4000
-    q, cache, meta = decode_inputs([max_ctx, max_ctx], heads, kv_heads, head_dim, block_size,
+@pytest.mark.parametrize("batch,block_size", [(2, 16), (24, 64)])
+def test_decode_cuda_graph_replays_with_changing_lengths(batch, block_size):
+    # One capture at batch 2 (32 splits on an H200) or 24 (2 splits, TMA tiles over pages of
+    # 64 on Hopper on), replayed over new lengths - padding rows and contexts shorter than
+    # the split count among them - and new queries: the split counters must come back to
+    # zero after every replay, with no memset node.
+    heads, kv_heads, head_dim, max_ctx = 32, 8, 128, 4000
+    q, cache, meta = decode_inputs([max_ctx] * batch, heads, kv_heads, head_dim, block_size,
                                    torch.bfloat16, device="cuda")
-    splits = num_kv_splits(2, kv_heads, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = num_kv_splits(batch, kv_heads, sms)
     out = torch.empty_like(q)
     scale = head_dim**-0.5
 
@@ -120,7 +123,7 @@ def test_decode_cuda_graph_replays_with_changing_lengths():
         step()
     rng = random.Random(0)
     for i in range(50):
-        lens = [rng.choice([0, 1, 7, rng.randint(1, max_ctx)]) for _ in range(2)]
+        lens = [rng.choice([0, 1, 7, 64, rng.randint(1, max_ctx)]) for _ in range(batch)]
         meta.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         q.copy_(torch.randn_like(q))
         graph.replay()
