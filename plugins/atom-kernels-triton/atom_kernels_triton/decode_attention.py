@@ -36,7 +36,6 @@ from atom_kernels_triton.kv_cache import (
 )
 from atom_kernels_triton.occupancy import resident_programs
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
-from atom_kernels_triton.prefill_attention import prefers_tma_pages
 from atom_kernels_triton.qk_norm_rope import norm_rope_rows
 
 # Arrival counters, one per (sequence, kv head), keyed by (device, capacity). Each launch
@@ -512,10 +511,11 @@ def paged_decode_attention(
     fewer splits or narrower tiles may run (``fit_fp8_grid``), where ``tile`` is not given.
     The model's backend passes it; without it the grid is exactly as asked.
 
-    K/V tiles are loaded by TMA (``_decode_kernel``'s ``TMA``) where the device has it (as
-    for prefill: ``prefers_tma_pages``), a page holds whole tiles, 16-bit queries attend
-    with no window, and the grid does not preload; ``tma=False`` keeps pointer loads, and a
-    forced True runs descriptors wherever the layout allows (the interpreter too)."""
+    ``tma=True`` loads K/V tiles by TMA (``_decode_kernel``'s ``TMA``) wherever the layout
+    allows (the interpreter too): a page holding whole tiles, 16-bit queries, no window, a
+    grid that does not preload. By default (None) tiles are loaded by pointer: the TMA
+    tiles are checked against fp64 attention on the CPU only, and neither their speed nor
+    their numbers were measured on a GPU yet (``bench/decode_attention.py --tma 0|1``)."""
     if sinks is not None and sinks.stride(0) != 1:
         raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -547,10 +547,9 @@ def paged_decode_attention(
     else:
         extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
 
-    if tma is None:
-        tma = prefers_tma_pages(q.device, head_dim)
-    tma = (tma and TensorDescriptor is not None and block_d == head_dim and sliding_window is None
-           and q.dtype in (torch.float16, torch.bfloat16) and kv_cache.is_contiguous())
+    tma = (bool(tma) and TensorDescriptor is not None and block_d == head_dim
+           and sliding_window is None and q.dtype in (torch.float16, torch.bfloat16)
+           and kv_cache.is_contiguous())
 
     def launch(splits: int, po: torch.Tensor, plse: torch.Tensor, counters: torch.Tensor,
                tile: Tile) -> tuple[tuple, dict]:

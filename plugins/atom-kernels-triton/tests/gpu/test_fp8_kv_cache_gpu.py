@@ -103,7 +103,7 @@ def test_fused_qk_norm_rope_write(dtype, tokens, k_scale, v_scale):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: TMA tiles on Hopper on
+@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: the engine's page on Hopper
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])  # 32, 8, 1 and 1 splits on an H200
 def test_decode(dtype, block_size, batch):
     hi = 1500 if batch == 256 else 4000

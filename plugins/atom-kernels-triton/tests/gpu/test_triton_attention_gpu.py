@@ -51,7 +51,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 4, 8])
-@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: TMA tiles on Hopper on
+@pytest.mark.parametrize("block_size", [16, 32, 64])  # 64: the engine's page on Hopper
 @pytest.mark.parametrize("batch", [1, 7, 64])
 def test_decode_sweep(dtype, head_dim, group, block_size, batch):
     kv_heads = 8 if group < 8 else 4
@@ -98,12 +98,12 @@ def test_prefill_long_context(query_len, ctx):
     run_case([query_len, 100], [ctx, 300], 32, 8, 128, 16, torch.bfloat16)
 
 
-@pytest.mark.parametrize("batch,block_size", [(2, 16), (24, 64)])
-def test_decode_cuda_graph_replays_with_changing_lengths(batch, block_size):
-    # One capture at batch 2 (32 splits on an H200) or 24 (2 splits, TMA tiles over pages of
-    # 64 on Hopper on), replayed over new lengths - padding rows and contexts shorter than
-    # the split count among them - and new queries: the split counters must come back to
-    # zero after every replay, with no memset node.
+@pytest.mark.parametrize("batch,block_size,tma", [(2, 16, False), (24, 64, True)])
+def test_decode_cuda_graph_replays_with_changing_lengths(batch, block_size, tma):
+    # One capture at batch 2 (32 splits on an H200) or 24 (2 splits; TMA tiles over pages of
+    # 64 where the device has TMA), replayed over new lengths - padding rows and contexts
+    # shorter than the split count among them - and new queries: the split counters must
+    # come back to zero after every replay, with no memset node.
     heads, kv_heads, head_dim, max_ctx = 32, 8, 128, 4000
     q, cache, meta = decode_inputs([max_ctx] * batch, heads, kv_heads, head_dim, block_size,
                                    torch.bfloat16, device="cuda")
@@ -114,7 +114,7 @@ def test_decode_cuda_graph_replays_with_changing_lengths(batch, block_size):
 
     def step():
         paged_decode_attention(q, cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                               out, scale, splits)
+                               out, scale, splits, tma=tma)
 
     step()  # warm-up outside the capture: compiles, and allocates the counters
     torch.cuda.synchronize()
