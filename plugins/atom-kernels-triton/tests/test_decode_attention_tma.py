@@ -82,8 +82,9 @@ def test_tma_tiles_match_the_reference(kv_dtype, block_size, tile, num_splits, b
 @pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_tma_tiles_with_the_fused_input(kv_dtype, num_splits, built):
-    """The newest row, stored by the kernel, is patched into the split's last tile from
-    registers: the TMA result equals the pointer loads', and the stored rows are the same."""
+    """The newest row, stored by the kernel, reaches the split's last tile through the cache
+    (on a GPU across a proxy fence, the copy engine reading what the threads wrote): the TMA
+    result equals the pointer loads', and the stored rows are the same."""
     contexts = [0, 1, 64, 65, 130]
     meta, cache, q, k, v, qw, kw, cos_sin, pos = fused_case(
         contexts, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, torch.float16, block_size=64)
