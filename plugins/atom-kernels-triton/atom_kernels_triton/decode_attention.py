@@ -505,7 +505,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,  # the query sees only its sequence's last this many
     f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
     fit_grid: bool = False,
-    tma: bool | None = None,  # K/V by TMA (where possible), where not the default rule: tuning
+    tma: bool | None = None,  # K/V by TMA where the layout allows; None or False: by pointer
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
     an fp8 cache's K and V read times ``k_scale`` and ``v_scale``. ``sinks`` and
