@@ -346,11 +346,13 @@ def _decode_kernel(
         p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, True)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     if TMA:
-        col = kvh * head_dim  # the kv head's first column of the descriptors' rows
+        # Descriptor offsets are 32-bit; the engine's decode steps pass int64 lengths.
+        col = (kvh * head_dim).to(tl.int32)  # the kv head's first column of the rows
         # The split's last tile: start is a whole number of tiles into a page.
         tail = tl.where(end > start, start + (end - 1 - start) // BLOCK_N * BLOCK_N, start)
         if end > start:
-            key = tl.load(bt_row + tail // block_size) * block_size + tail % block_size
+            key = (tl.load(bt_row + tail // block_size) * block_size
+                   + tail % block_size).to(tl.int32)
             k = k_desc.load([key, col]).to(DTYPE)
             v = v_desc.load([key, col]).to(DTYPE)
             nmask = tail + tl.arange(0, BLOCK_N) < end
@@ -359,7 +361,7 @@ def _decode_kernel(
             p, alpha, m, l_sum = _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION, False)
             acc = acc * alpha[:, None] + tl.dot(p.to(DTYPE), v, input_precision=PRECISION)
         for n0 in range(start, tail, BLOCK_N):
-            key = tl.load(bt_row + n0 // block_size) * block_size + n0 % block_size
+            key = (tl.load(bt_row + n0 // block_size) * block_size + n0 % block_size).to(tl.int32)
             k = k_desc.load([key, col]).to(DTYPE)
             v = v_desc.load([key, col]).to(DTYPE)
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale

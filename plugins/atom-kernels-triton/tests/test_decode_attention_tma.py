@@ -104,6 +104,21 @@ def test_tma_tiles_with_the_fused_input(kv_dtype, num_splits, built):
     assert (outs[1][~rows] == 0).all()
 
 
+def test_tma_tiles_take_64_bit_metadata(built):
+    """The engine's decode steps pass int64 lengths (``DecodeInputs``), positions and slots:
+    the descriptors' 32-bit offsets are cast from them, not refused at compile time."""
+    contexts = [1, 65, 130]
+    meta, cache, q, k, v, qw, kw, cos_sin, pos = fused_case(
+        contexts, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM, torch.float16, block_size=64)
+    meta.seq_lens = meta.seq_lens.long()
+    meta.block_tables = meta.block_tables.long()
+    new = NewTokenInput(k, v, qw, kw, 1e-6, pos.long(), cos_sin, meta.slot_mapping.long(), True)
+    outs = [attend(q.view(len(contexts), HEADS, HEAD_DIM), cache.clone(), meta, 1, (64, 4, 3),
+                   tma, new_tokens=new) for tma in (False, True)]
+    assert [rows for _, rows in built] == [64]
+    assert rel_err(outs[1], outs[0]) < tolerance(torch.float16)
+
+
 def test_pointer_loads_where_tma_tiles_do_not_apply(built):
     """Pages that split a tile, a sliding window, the preloading (many-split) grids and fp32
     queries keep pointer loads, even when TMA is asked for; and so does every call that does
