@@ -527,8 +527,8 @@ def paged_decode_attention(
     ``tma=True`` loads K/V tiles by TMA (``_decode_kernel``'s ``TMA``) wherever the layout
     allows (the interpreter too): a page holding whole tiles, 16-bit queries, no window, a
     grid that does not preload. By default (None) tiles are loaded by pointer: the TMA
-    tiles are checked against fp64 attention on the CPU only, and neither their speed nor
-    their numbers were measured on a GPU yet (``bench/decode_attention.py --tma 0|1``)."""
+    tiles are faster on an H100 (``bench/decode_attention.py --tma 0|1``; bench/RESULTS.md)
+    but have not run inside the model on a GPU yet."""
     if sinks is not None and sinks.stride(0) != 1:
         raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
