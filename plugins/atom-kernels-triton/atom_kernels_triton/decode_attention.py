@@ -125,11 +125,13 @@ def _merge_splits(
 
 
 @triton.jit
-def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPTY: tl.constexpr):
+def _scores(q, k, nmask, m, l_sum, qk_scale, PRECISION: tl.constexpr, MAYBE_EMPTY: tl.constexpr,
+            MASKED: tl.constexpr = True):
     """One K tile's step of an online softmax: (p, the rescale of what came before, the new
-    running max and sum)."""
+    running max and sum). Without MASKED the tile is whole (``nmask`` unused)."""
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-    qk = tl.where(nmask[None, :], qk, float("-inf"))
+    if MASKED:
+        qk = tl.where(nmask[None, :], qk, float("-inf"))
     m_new = tl.maximum(m, tl.max(qk, axis=1))
     m_ref = m_new
     if MAYBE_EMPTY:  # an all-masked first tile must leave the state at zero, not NaN
@@ -364,13 +366,9 @@ def _decode_kernel(
             key = (tl.load(bt_row + n0 // block_size) * block_size + n0 % block_size).to(tl.int32)
             k = k_desc.load([key, col]).to(DTYPE)
             v = v_desc.load([key, col]).to(DTYPE)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            m_new = tl.maximum(m, tl.max(qk, axis=1))
-            p = tl.exp2(qk - m_new[:, None])
-            alpha = tl.exp2(m - m_new)
-            l_sum = l_sum * alpha + tl.sum(p, axis=1)
+            p, alpha, m, l_sum = _scores(q, k, None, m, l_sum, qk_scale, PRECISION, False,
+                                         False)
             acc = acc * alpha[:, None] + tl.dot(p.to(DTYPE), v, input_precision=PRECISION)
-            m = m_new
     else:
         for n0 in range(first, end, BLOCK_N):
             next_rows = _tile_rows(bt_row, n0 + BLOCK_N, end, kvh, block_size, stride_blk,

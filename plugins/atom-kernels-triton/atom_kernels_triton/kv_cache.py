@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.utils.weak import WeakIdKeyDictionary
 
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
@@ -22,22 +23,30 @@ try:  # host-side tensor descriptors: Triton 3.3 on
 except ImportError:  # pragma: no cover - older Triton: pointer loads only
     TensorDescriptor = None
 
-# Descriptors of a layer's cache, by (address, dtype, shape, box rows).
-_descriptor_cache: dict[tuple, tuple] = {}
+# A layer's cache -> {box rows: (K, V) descriptors}. Weakly keyed, and the descriptors'
+# rows share the cache's storage without being views of it (a view holds its base): an
+# engine's caches are freed with it, not kept by this module.
+_descriptor_cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def cache_descriptors(kv_cache: torch.Tensor, block_n: int) -> tuple:
-    """TMA descriptors of the cache's K and V as [blocks * page, kv_heads * head_dim] rows,
-    boxes of ``block_n`` keys of one kv head: an attention kernel's K/V tiles, loaded by the
-    copy engine where a page holds whole tiles. A descriptor is a function of the address,
-    dtype and shape alone, so it is built once per layer's cache, not on every call."""
-    _, blocks, page, kv_heads, head_dim = kv_cache.shape
-    key = (kv_cache.data_ptr(), kv_cache.dtype, blocks, page, kv_heads, head_dim, block_n)
-    found = _descriptor_cache.get(key)
+    """TMA descriptors of the (contiguous) cache's K and V as [blocks * page, kv_heads *
+    head_dim] rows, boxes of ``block_n`` keys of one kv head: an attention kernel's K/V
+    tiles, loaded by the copy engine where a page holds whole tiles. Built once per layer's
+    cache and box, not on every call."""
+    per_box = _descriptor_cache.get(kv_cache)
+    if per_box is None:
+        per_box = _descriptor_cache[kv_cache] = {}
+    found = per_box.get(block_n)
     if found is None:
-        rows = [kv_cache[i].view(blocks * page, kv_heads * head_dim) for i in (0, 1)]
-        found = tuple(TensorDescriptor.from_tensor(r, [block_n, head_dim]) for r in rows)
-        _descriptor_cache[key] = found
+        _, blocks, page, kv_heads, head_dim = kv_cache.shape
+        width = kv_heads * head_dim
+        storage = kv_cache.untyped_storage()
+        rows = [torch.empty(0, dtype=kv_cache.dtype, device=kv_cache.device).set_(
+                    storage, kv_cache.storage_offset() + i * kv_cache.stride(0),
+                    (blocks * page, width), (width, 1)) for i in (0, 1)]
+        found = per_box[block_n] = tuple(TensorDescriptor.from_tensor(r, [block_n, head_dim])
+                                         for r in rows)
     return found
 
 

@@ -7,6 +7,9 @@ tiles, so the queries are fp16)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -117,6 +120,24 @@ def test_tma_tiles_take_64_bit_metadata(built):
                    tma, new_tokens=new) for tma in (False, True)]
     assert [rows for _, rows in built] == [64]
     assert rel_err(outs[1], outs[0]) < tolerance(torch.float16)
+
+
+def test_descriptors_are_built_once_and_free_the_cache():
+    """A layer's descriptors are built once per box, address its K and V halves, and do not
+    keep the cache alive: an engine's caches are freed with the engine."""
+    cache = torch.zeros(2, 4, 64, KV_HEADS, HEAD_DIM, dtype=torch.float16, device=DEVICE)
+    k_desc, v_desc = decode_attention.cache_descriptors(cache, 64)
+    again = decode_attention.cache_descriptors(cache, 64)
+    assert again[0] is k_desc and again[1] is v_desc
+    assert decode_attention.cache_descriptors(cache, 32)[0].block_shape == [32, HEAD_DIM]
+    assert k_desc.base.data_ptr() == cache[0].data_ptr()
+    assert v_desc.base.data_ptr() == cache[1].data_ptr()
+    assert list(k_desc.shape) == [4 * 64, KV_HEADS * HEAD_DIM]
+    assert k_desc.block_shape == [64, HEAD_DIM]
+    alive = weakref.ref(cache)
+    del cache, k_desc, v_desc, again
+    gc.collect()
+    assert alive() is None
 
 
 def test_pointer_loads_where_tma_tiles_do_not_apply(built):
