@@ -32,13 +32,9 @@ from atom_kernels_triton.decode_attention import (
     num_kv_splits,
     paged_decode_attention,
 )
-from atom_kernels_triton.kv_cache import write_kv_cache
+from atom_kernels_triton.kv_cache import prefers_tma_pages, write_kv_cache
 from atom_kernels_triton.occupancy import device_limits
-from atom_kernels_triton.prefill_attention import (
-    TMA_BLOCK_N,
-    paged_prefill_attention,
-    prefers_tma_pages,
-)
+from atom_kernels_triton.prefill_attention import TMA_BLOCK_N, paged_prefill_attention
 
 _PLAN = "_triton_attention_plan"  # per-batch index tensors, built once for all layers
 

@@ -32,6 +32,7 @@ from atom_kernels_triton.kv_cache import (
     TensorDescriptor,
     cache_descriptors,
     computes_in_f16,
+    prefers_tma_pages,
     to_cache,
 )
 from atom_kernels_triton.occupancy import resident_programs
@@ -505,7 +506,7 @@ def paged_decode_attention(
     sliding_window: int | None = None,  # the query sees only its sequence's last this many
     f16: bool | None = None,  # the kernel's F16, where not the default rule: tuning only
     fit_grid: bool = False,
-    tma: bool | None = None,  # K/V by TMA where the layout allows; None or False: by pointer
+    tma: bool | None = None,  # K/V by TMA where the layout allows; None: the device's rule
 ) -> None:
     """Attention of each decode row's query over its sequence's cached K/V, into ``out``;
     an fp8 cache's K and V read times ``k_scale`` and ``v_scale``. ``sinks`` and
@@ -522,11 +523,10 @@ def paged_decode_attention(
     fewer splits or narrower tiles may run (``fit_fp8_grid``), where ``tile`` is not given.
     The model's backend passes it; without it the grid is exactly as asked.
 
-    ``tma=True`` loads K/V tiles by TMA (``_decode_kernel``'s ``TMA``) wherever the layout
-    allows (the interpreter too): a page holding whole tiles, 16-bit queries, no window, a
-    grid that does not preload. By default (None) tiles are loaded by pointer: the TMA
-    tiles are faster on an H100 (``bench/decode_attention.py --tma 0|1``; bench/RESULTS.md)
-    but have not run inside the model on a GPU yet."""
+    ``tma``: load K/V tiles by TMA (``_decode_kernel``'s ``TMA``) wherever the layout allows
+    (the interpreter too): a page holding whole tiles, 16-bit queries, no window, a grid
+    that does not preload. None: where the device prefers it (``prefers_tma_pages``, as
+    prefill does); False: by pointer."""
     if sinks is not None and sinks.stride(0) != 1:
         raise ValueError("attention sinks must be contiguous: the kernel reads sinks[head]")
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -558,7 +558,9 @@ def paged_decode_attention(
     else:
         extra = (q, 0, q, 0, q, q, 0.0, seq_lens, q, 0, 0, seq_lens)  # unused
 
-    tma = (bool(tma) and TensorDescriptor is not None and block_d == head_dim
+    if tma is None:
+        tma = prefers_tma_pages(q.device, head_dim)
+    tma = (tma and TensorDescriptor is not None and block_d == head_dim
            and sliding_window is None and q.dtype in (torch.float16, torch.bfloat16)
            and kv_cache.is_contiguous())
 

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch.utils.weak import WeakIdKeyDictionary
 
+from atom_kernels_triton.occupancy import device_limits
 from atom_kernels_triton.pdl import pdl_options, pdl_wait
 
 try:  # host-side tensor descriptors: Triton 3.3 on
@@ -48,6 +49,14 @@ def cache_descriptors(kv_cache: torch.Tensor, block_n: int) -> tuple:
         found = per_box[block_n] = tuple(TensorDescriptor.from_tensor(r, [block_n, head_dim])
                                          for r in rows)
     return found
+
+
+def prefers_tma_pages(device: torch.device, head_dim: int) -> bool:
+    """Whether 16-bit queries of ``head_dim`` on ``device`` run TMA tiles by default, given
+    pages that hold them: a device with TMA, and a power-of-two head dim (a descriptor's box
+    is the whole head, unpadded) up to 128 (wider heads take their own smaller tiles)."""
+    return (TensorDescriptor is not None and head_dim in (16, 32, 64, 128)
+            and device.type == "cuda" and device_limits(device).tma)
 
 
 def computes_in_f16(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -39,7 +39,12 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels_triton.kv_cache import TensorDescriptor, cache_descriptors, computes_in_f16
+from atom_kernels_triton.kv_cache import (
+    TensorDescriptor,
+    cache_descriptors,
+    computes_in_f16,
+    prefers_tma_pages,
+)
 from atom_kernels_triton.occupancy import device_limits
 
 
@@ -243,14 +248,6 @@ def tma_page(block_size: int) -> bool:
     """Whether a cache of ``block_size``-token pages takes TMA tiles where the device has
     TMA: each tile must lie inside one page."""
     return block_size % TMA_BLOCK_N == 0
-
-
-def prefers_tma_pages(device: torch.device, head_dim: int) -> bool:
-    """Whether 16-bit queries of ``head_dim`` on ``device`` run TMA tiles by default, given
-    pages that hold them: a device with TMA, and a power-of-two head dim (a descriptor's box
-    is the whole head, unpadded) up to 128 (wider heads take their own smaller tiles)."""
-    return (TensorDescriptor is not None and head_dim in (16, 32, 64, 128)
-            and device.type == "cuda" and device_limits(device).tma)
 
 
 def tile_config(dtype: torch.dtype, block_d: int, small_grid: bool = False,

@@ -279,19 +279,19 @@ def test_prefill_kernel_tma_loads_give_the_pointer_loads_output(kv_dtype, monkey
 
 
 def test_tma_tiles_where_the_device_and_pages_allow(monkeypatch):
-    from atom_kernels_triton import prefill_attention
+    from atom_kernels_triton import kv_cache, prefill_attention
     from atom_kernels_triton.occupancy import DeviceLimits
 
     cuda = torch.device("cuda", 0)
-    assert not prefill_attention.prefers_tma_pages(torch.device("cpu"), 128)
+    assert not kv_cache.prefers_tma_pages(torch.device("cpu"), 128)
     for tma in (False, True):
-        monkeypatch.setattr(prefill_attention, "device_limits",
+        monkeypatch.setattr(kv_cache, "device_limits",
                             lambda device, tma=tma: DeviceLimits(132, 227 * 1024, tma))
         # Hopper on: heads a descriptor's box covers whole; wider heads keep their tiles.
-        assert prefill_attention.prefers_tma_pages(cuda, 128) is tma
-        assert prefill_attention.prefers_tma_pages(cuda, 64) is tma
-        assert not prefill_attention.prefers_tma_pages(cuda, 256)
-        assert not prefill_attention.prefers_tma_pages(cuda, 96)
+        assert kv_cache.prefers_tma_pages(cuda, 128) is tma
+        assert kv_cache.prefers_tma_pages(cuda, 64) is tma
+        assert not kv_cache.prefers_tma_pages(cuda, 256)
+        assert not kv_cache.prefers_tma_pages(cuda, 96)
         backend = TritonAttentionBackend(32, 128, 8, 128**-0.5)
         assert backend.preferred_block_size(cuda) == (64 if tma else None)
         assert TritonAttentionBackend(8, 256, 8, 1.0).preferred_block_size(cuda) is None
