@@ -13,9 +13,9 @@ from typing import Any
 
 from atom_core.errors import ConfigError
 
-DEFAULT_CAPTURE_SIZES = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128,
-                         136, 144, 152, 160, 168, 176, 184, 192, 200, 208, 216, 224, 232, 240,
-                         248, 256]
+# Every 8 rows up to 256, every 16 up to 512 (sizes past --max-num-seqs are dropped): a
+# decode step past the largest runs eagerly, and at ~500 sequences its launches bound it.
+DEFAULT_CAPTURE_SIZES = [1, 2, 4, *range(8, 257, 8), *range(272, 513, 16)]
 # Every 64 tokens up to 1024, every 128 up to 2048, and three small ones: padding adds at
 # most 12.5% of rows from 512 tokens on.
 DEFAULT_PREFILL_CAPTURE_SIZES = [16, 32, 48, *range(64, 1025, 64), *range(1152, 2049, 128)]

@@ -25,7 +25,7 @@ def test_defaults_follow_the_serving_guide():
     assert c.compilation_config.enforce_eager is False
     assert c.compilation_config.level == 0  # the guide's 3 is torch.compile, not built yet
     assert c.compilation_config.cudagraph_capture_sizes[:4] == [1, 2, 4, 8]
-    assert c.compilation_config.cudagraph_capture_sizes[-1] == 256
+    assert c.compilation_config.cudagraph_capture_sizes[-1] == 512  # max_num_seqs
     assert c.observability_config.enable_log_stats is True
     assert c.observability_config.throughput_log_interval == 10.0
     assert c.observability_config.port == 8006
