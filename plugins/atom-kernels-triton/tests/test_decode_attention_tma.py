@@ -141,10 +141,26 @@ def test_descriptors_are_built_once_and_free_the_cache():
     assert alive() is None
 
 
+def test_a_call_that_does_not_ask_follows_the_device_rule(built, monkeypatch):
+    """tma=None takes TMA tiles exactly where ``prefers_tma_pages`` says the device does
+    (Hopper on; never the interpreter's CPU tensors), and gives pointer loads' output."""
+    q, cache, _, meta = decode_case(64, torch.float16)
+    assert not prefers_tma_pages(q.device, HEAD_DIM)
+    pointer = attend(q, cache, meta, 1, (64, 4, 3), None)
+    assert built == []
+    asked = []
+    monkeypatch.setattr(decode_attention, "prefers_tma_pages",
+                        lambda device, head_dim: asked.append(head_dim) or True)
+    tiles = attend(q, cache, meta, 1, (64, 4, 3), None)
+    assert asked == [HEAD_DIM] and [rows for _, rows in built] == [64]
+    assert rel_err(tiles, pointer) < tolerance(torch.float16)
+    attend(q, cache, meta, 1, (64, 4, 3), False)  # False: pointer loads whatever the rule
+    assert len(built) == 1
+
+
 def test_pointer_loads_where_tma_tiles_do_not_apply(built):
     """Pages that split a tile, a sliding window, the preloading (many-split) grids and fp32
-    queries keep pointer loads, even when TMA is asked for; a call that does not ask follows
-    the device's rule (TMA on Hopper, never in the interpreter)."""
+    queries keep pointer loads, even when TMA is asked for."""
     q, cache, _, meta = decode_case(64, torch.float16)
     attend(q, cache, meta, 1, (64, 4, 3), True, sliding_window=40)
     attend(q, cache, meta, 8, (64, 4, 3), True)
@@ -152,5 +168,3 @@ def test_pointer_loads_where_tma_tiles_do_not_apply(built):
     q16, cache16, _, meta16 = decode_case(16, torch.float16)
     attend(q16, cache16, meta16, 1, (32, 4, 3), True)
     assert built == []
-    attend(q, cache, meta, 1, (64, 4, 3), None)
-    assert bool(built) == prefers_tma_pages(q.device, HEAD_DIM)
