@@ -60,6 +60,10 @@ Tile = tuple[int, int, int]  # (BLOCK_N, num_warps, num_stages)
 # SM against 3), so more of a large grid runs at once. Chosen by ``fit_fp8_grid``.
 FP8_TILE: Tile = (64, 4, 3)
 FP8_NARROW_TILE: Tile = (32, 4, 3)
+# With K/V loaded by TMA, the most waves of the wide tile a grid may take and still switch
+# to the narrow one: past a few waves the GPU's bandwidth is saturated, and the wide tile's
+# bulk copies move more bytes an SM (``fit_fp8_grid``).
+TMA_NARROW_MAX_WAVES = 3
 # fit_fp8_grid's answers in paged_decode_attention, by kernel variant and grid.
 _FP8_GRIDS: dict[tuple, tuple[int, Tile]] = {}
 
@@ -422,24 +426,29 @@ def _decode_kernel(
             tl.store(counter, 0)  # every split has arrived: ready for the next launch
 
 
-def fit_fp8_grid(programs: int, num_splits: int,
-                 resident: Callable[[Tile], int]) -> tuple[int, Tile]:
+def fit_fp8_grid(programs: int, num_splits: int, resident: Callable[[Tile], int],
+                 tma: bool = False) -> tuple[int, Tile]:
     """(splits, tile) of a decode grid over an fp8 cache: ``programs`` (sequence, kv head)
     pairs, at most ``num_splits`` splits each, where ``resident(tile)`` programs of that
-    tile's kernel run at once on the GPU.
+    tile's kernel run at once on the GPU; ``tma``: the kernel loads K/V tiles by TMA.
 
     A grid larger than what runs at once takes a second wave, and every wave is a whole
     chain of dependent tile loads. So a split grid past one wave of the default tile runs
     unsplit where the unsplit grid fills at least half of that wave (no partials to merge
     either), and an unsplit grid past one wave takes the narrow tile where that needs fewer
-    waves. In the model on an H100 (``bench/decode_latency.py --quantization fp8
+    waves (by TMA, only while the wide tile needs at most ``TMA_NARROW_MAX_WAVES``). In the
+    model on an H100, K/V by pointer (``bench/decode_latency.py --quantization fp8
     --kv-cache-dtype fp8``, Qwen3-8B; 3 programs an SM of the wide tile, 4 of the narrow;
     bench/RESULTS.md): batch 32 unsplit instead of two splits 5.44 -> 5.24 ms, batch 64 on
     the narrow tile 6.38 -> 5.57 ms, batch 128 9.02 -> 8.40 ms. Where both tiles fit one
     wave (batch 40, 48) or need as many (80, 96) the wide one was faster. Halving batch
     16's four splits to two, so that it fit, was slower (4.99 -> 5.14 ms), and batch 24
     unsplit (its 192 programs under half a wave) slower than at its two splits (5.18
-    against 4.79 ms).
+    against 4.79 ms). By pointer the narrow tile also won at ~512 sequences (the offline
+    bench's decode steps, 35.74 -> 33.76 ms). By TMA it lost there: 512 sequences of 1,100
+    tokens (11 waves wide, 8 narrow) took 470.5 us a layer on the wide tile against 526.7
+    on the narrow one (``bench/decode_attention.py --block-size 64 --kv-dtype fp8
+    --fused-input --tma 1 --shapes "qwen3-8b bs512 ctx1100"``, H100).
 
     Both tiles' residencies are asked for every grid: asking compiles that tile's kernel
     (``resident_programs`` through Triton's warmup), so the first grid of a kernel variant,
@@ -450,7 +459,7 @@ def fit_fp8_grid(programs: int, num_splits: int,
     if num_splits > 1 and programs * num_splits > fit and 2 * programs >= fit:
         num_splits = 1
     grid = programs * num_splits
-    if num_splits == 1 and grid > fit:
+    if num_splits == 1 and fit < grid and not (tma and grid > TMA_NARROW_MAX_WAVES * fit):
         if triton.cdiv(grid, narrow) < triton.cdiv(grid, fit):
             return 1, FP8_NARROW_TILE
     return num_splits, FP8_TILE
@@ -610,7 +619,8 @@ def paged_decode_attention(
                 # as in its launch); a split grid's kernel holds about as many registers.
                 _FP8_GRIDS[key] = fit_fp8_grid(
                     num_seqs * num_kv_heads, num_splits,
-                    lambda t: resident_programs(_decode_kernel, *launch(1, out, out, out, t), 64))
+                    lambda t: resident_programs(_decode_kernel, *launch(1, out, out, out, t), 64),
+                    tma=tma and block_size % FP8_TILE[0] == 0)  # as launch() tiles it
             num_splits, tile = _FP8_GRIDS[key]
     else:
         default = (64, 4, 2)
