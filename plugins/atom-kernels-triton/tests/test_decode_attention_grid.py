@@ -1,9 +1,9 @@
 """How decode attention over an fp8 cache sizes its grid (``fit_fp8_grid``): a split grid
 past one wave runs unsplit where the unsplit grid fills half a wave, and an unsplit grid
 past one wave takes the narrow tile where it needs fewer waves (with K/V loaded by TMA, up
-to three waves of the wide tile). The residency figures are an
-H100's for Qwen3-8B's kernel (3 programs an SM of the wide tile, 4 of the narrow, 132 SMs);
-the batch sizes those measured in the model."""
+to three waves of the wide tile). The residency figures are an H100's for Qwen3-8B's
+kernel (3 programs an SM of the wide tile, 4 of the narrow, 132 SMs); the batch sizes
+those measured in the model."""
 
 from __future__ import annotations
 
