@@ -573,10 +573,14 @@ def paged_decode_attention(
            and sliding_window is None and q.dtype in (torch.float16, torch.bfloat16)
            and kv_cache.is_contiguous())
 
+    def by_tma(splits: int, tile: Tile) -> bool:
+        """Whether this grid's K/V tiles load by TMA: pages holding whole tiles, no preload."""
+        return tma and splits < PRELOAD_MIN_SPLITS and block_size % tile[0] == 0
+
     def launch(splits: int, po: torch.Tensor, plse: torch.Tensor, counters: torch.Tensor,
                tile: Tile) -> tuple[tuple, dict]:
         """The kernel's arguments and compile-time options for this grid and tile."""
-        tiled = tma and splits < PRELOAD_MIN_SPLITS and block_size % tile[0] == 0
+        tiled = by_tma(splits, tile)
         descs = cache_descriptors(kv_cache, tile[0]) if tiled else (k_cache, v_cache)
         args = (
             q, q.stride(0), q.stride(1),
@@ -620,7 +624,7 @@ def paged_decode_attention(
                 _FP8_GRIDS[key] = fit_fp8_grid(
                     num_seqs * num_kv_heads, num_splits,
                     lambda t: resident_programs(_decode_kernel, *launch(1, out, out, out, t), 64),
-                    tma=tma and block_size % FP8_TILE[0] == 0)  # as launch() tiles it
+                    tma=by_tma(1, FP8_TILE))
             num_splits, tile = _FP8_GRIDS[key]
     else:
         default = (64, 4, 2)
