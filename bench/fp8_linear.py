@@ -179,7 +179,7 @@ def scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
     """The W8A8 product through ``torch._scaled_mm`` at any row count."""
     xq, xs = quantize_rows(x)
     return torch._scaled_mm(xq, w.qweight.t(), scale_a=xs[:, None], scale_b=w.scale[None, :],
-                            out_dtype=x.dtype)
+                            out_dtype=x.dtype, use_fast_accum=fp8_gemm.SCALED_MM_FAST_ACCUM)
 
 
 def w8a8_candidates(m: int) -> list[GemmConfig]:

@@ -17,7 +17,8 @@
   where the Triton GEMM won; CPU tensors (the interpreter) always take it.
 
 Both match ``atom_core.quant.fp8.fp8_linear`` up to the order of their fp32 sums and the
-rounding of the output.
+rounding of the output; ``torch._scaled_mm`` also up to its fast accumulation
+(``SCALED_MM_FAST_ACCUM``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 # null where torch._scaled_mm was at least as fast. Past the largest bucket, _scaled_mm.
 W8A8_OP = "fp8_w8a8"
 W8A8_GEMM_MAX_ROWS = 128
+# torch._scaled_mm accumulates in the tensor cores' own fp32 accumulator across all of K,
+# without cuBLAS's periodic promotion. Its rounding error stays far below the e4m3 rounding
+# of x and W that any W8A8 product carries (tests/gpu/test_fp8_linear_gpu.py), and it
+# takes 5-20% off every projection of Qwen3-8B from 512 to 16,384 rows (the prefill
+# steps' GEMMs; bench/fp8_linear.py, bench/RESULTS.md). vLLM's CUTLASS fp8 kernels
+# accumulate the same way.
+SCALED_MM_FAST_ACCUM = True
 
 
 class GemmConfig(TypedDict):
@@ -318,7 +326,8 @@ def w8a8_matmul(
     if config is not None:
         return _gemm(xq, x_scale, weight, bias, out_dtype, config)
     return torch._scaled_mm(xq, weight.qweight.t(), scale_a=x_scale[:, None],
-                            scale_b=weight.scale[None, :], bias=bias, out_dtype=out_dtype)
+                            scale_b=weight.scale[None, :], bias=bias, out_dtype=out_dtype,
+                            use_fast_accum=SCALED_MM_FAST_ACCUM)
 
 
 def w8a8_linear(

@@ -75,6 +75,26 @@ def test_every_path_matches_fp8_linear(shape, m):
         assert rel_err(out, fp8_linear(x, w, b)) < tolerance(dtype), (shape, m, dtype)
 
 
+@pytest.mark.parametrize("shape", ["o", "down"])
+def test_scaled_mm_accumulation_error_is_far_below_the_quantization_error(shape):
+    # torch._scaled_mm's fast accumulation (fp8_gemm.SCALED_MM_FAST_ACCUM) rounds the sums
+    # over K; what justifies it is that this, with the output's bf16 rounding, stays an order
+    # of magnitude under what e4m3 rounding of x and W costs any W8A8 product. K 4096 and
+    # 12288, prefill rows.
+    n, k = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w_full = torch.randn(n, k, device="cuda", generator=g) / k**0.5
+    w = quantize_weight(w_full, w8a8_min_rows=1)
+    x = rand(2048, k, seed=4)
+    xq, xs = quantize_rows(x)
+    assert fp8_gemm.w8a8_table_config(2048, n, k, x.device) is None  # torch._scaled_mm
+    out = fp8_gemm.w8a8_matmul(xq, xs, w, None, torch.bfloat16)  # row-wise: bf16 out only
+    exact = fp8.w8a8_matmul(xq, xs, w, None, torch.float32)
+    accumulation = rel_err(out, exact)
+    quantization = rel_err(exact, x.float() @ w_full.T)
+    assert accumulation < 0.1 * quantization, (accumulation, quantization)
+
+
 @pytest.mark.parametrize("m", [1, 4, 17, 32, 64, 65, 128, 129])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_w8a8_at_every_row_count(shape, m):
