@@ -18,8 +18,10 @@ their own weight), median replay:
 - ``fp8 w8a8``: the op on an ``Fp8Weight`` with ``w8a8_min_rows`` 1 (per-row quantization,
   then the product as the device's ``fp8_w8a8`` table routes it: fp8_gemm's Triton GEMM on
   e4m3 operands where it lists the shape and rows, else ``torch._scaled_mm``);
-- ``scaled_mm``: the per-row quantization and ``torch._scaled_mm`` at every row count; and
-  ``quant``: the quantization kernel alone.
+- ``scaled_mm``: the per-row quantization and ``torch._scaled_mm`` at every row count, with
+  the op's fast accumulation (``fp8_gemm.SCALED_MM_FAST_ACCUM``); ``scaled_exact``: the same
+  with cuBLAS's fp32 promotion of the sums instead; and ``quant``: the quantization kernel
+  alone.
 
 The projections a pre-norm block's norm feeds (qkv, gate_up) also time that norm (with the
 residual add) and the W8A8 product together, on the line under theirs: as two ops
@@ -45,6 +47,7 @@ Writes every timing to ``--json``.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import os
@@ -80,7 +83,7 @@ from atom_core.quant.fp8 import Fp8Weight, fp8_linear, quantize_weight  # noqa: 
 ROWS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 4096]
 NEVER = 1 << 62  # a w8a8_min_rows no batch reaches
 TOLERANCE = 1.6e-2  # bf16 output against the fp32 reference
-PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8", "scaled_mm")
+PATHS = ("cublas", "bf16_op", "fp8_wonly", "fp8_w8a8", "scaled_mm", "scaled_exact")
 NORM_FED = ("qkv_proj", "gate_up")
 SWEEPS = ("wonly", "w8a8")  # their input is a pre-norm block's norm
 EPS = 1e-6
@@ -153,9 +156,10 @@ def bench_projection(
         r["fp8_wonly_us"] = timed(linear, x, wonly)
         r["fp8_w8a8_us"] = timed(linear, x, w8a8)
         r["scaled_mm_us"] = timed(scaled_mm, x, w8a8)
+        r["scaled_exact_us"] = timed(functools.partial(scaled_mm, fast=False), x, w8a8)
         r["quant_us"] = graph_us([lambda x=x: quantize_rows(x)] * calls)
         for path, elem in (("cublas", 2), ("bf16_op", 2), ("fp8_wonly", 1), ("fp8_w8a8", 1),
-                           ("scaled_mm", 1)):
+                           ("scaled_mm", 1), ("scaled_exact", 1)):
             r[f"{path}_bytes"] = n * k * elem + 2 * m * (k + n)
         ref = fp8_linear(x, fp8[0], w8a8=False)
         r["fp8_wonly_err"] = rel_err(linear(x, wonly[0]), ref)
@@ -175,11 +179,13 @@ def bench_projection(
     return results
 
 
-def scaled_mm(x: torch.Tensor, w: Fp8Weight) -> torch.Tensor:
-    """The W8A8 product through ``torch._scaled_mm`` at any row count."""
+def scaled_mm(x: torch.Tensor, w: Fp8Weight,
+              fast: bool = fp8_gemm.SCALED_MM_FAST_ACCUM) -> torch.Tensor:
+    """The W8A8 product through ``torch._scaled_mm`` at any row count; ``fast``: its fast
+    accumulation."""
     xq, xs = quantize_rows(x)
     return torch._scaled_mm(xq, w.qweight.t(), scale_a=xs[:, None], scale_b=w.scale[None, :],
-                            out_dtype=x.dtype, use_fast_accum=fp8_gemm.SCALED_MM_FAST_ACCUM)
+                            out_dtype=x.dtype, use_fast_accum=fast)
 
 
 def w8a8_candidates(m: int) -> list[GemmConfig]:
