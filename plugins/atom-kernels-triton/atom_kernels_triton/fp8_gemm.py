@@ -42,10 +42,10 @@ H200_SMS = 132  # what the interpreter (CPU tensors) sizes grids for
 # null where torch._scaled_mm was at least as fast. Past the largest bucket, _scaled_mm.
 W8A8_OP = "fp8_w8a8"
 W8A8_GEMM_MAX_ROWS = 128
-# torch._scaled_mm accumulates in the tensor cores' own fp32 accumulator across all of K,
-# without cuBLAS's periodic promotion. Its rounding error stays far below the e4m3 rounding
-# of x and W that any W8A8 product carries (tests/gpu/test_fp8_linear_gpu.py), and it
-# takes 5-20% off every projection of Qwen3-8B from 512 to 16,384 rows (the prefill
+# torch._scaled_mm sums all of K in the tensor cores' accumulator (narrower than fp32 on
+# Hopper), without cuBLAS's periodic promotion to fp32. The error stays far below the e4m3
+# rounding of x and W that any W8A8 product carries (tests/gpu/test_fp8_linear_gpu.py), and
+# it takes 5-20% off every projection of Qwen3-8B from 512 to 16,384 rows (the prefill
 # steps' GEMMs; bench/fp8_linear.py, bench/RESULTS.md). vLLM's CUTLASS fp8 kernels
 # accumulate the same way.
 SCALED_MM_FAST_ACCUM = True
