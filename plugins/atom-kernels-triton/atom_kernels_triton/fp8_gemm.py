@@ -47,7 +47,8 @@ W8A8_GEMM_MAX_ROWS = 128
 # rounding of x and W that any W8A8 product carries (tests/gpu/test_fp8_linear_gpu.py), and
 # it takes 5-20% off every projection of Qwen3-8B from 512 to 16,384 rows (the prefill
 # steps' GEMMs; bench/fp8_linear.py, bench/RESULTS.md). vLLM's CUTLASS fp8 kernels
-# accumulate the same way.
+# accumulate the same way, and so does the Triton W8A8 GEMM below: on sm_90 Triton's e4m3
+# tl.dot never promotes unless given max_num_imprecise_acc (fused_moe.py's W8A8 does).
 SCALED_MM_FAST_ACCUM = True
 
 
