@@ -45,8 +45,9 @@ class CacheConfig:
         "bf16", ("--kv_cache_dtype", "--kv-cache-dtype"),
         "KV cache dtype: bf16 (the cache is kept in the model's --dtype) or fp8 (e4m3, "
         "values saturated, one scale per layer for K and one for V: the checkpoint's "
-        "k_scale/v_scale, else --kv-cache-scales, else 1.0)",
-        choices=("bf16", "fp8", "auto"),
+        "k_scale/v_scale, else --kv-cache-scales, else 1.0); fp8_e4m3 is the same (vLLM's "
+        "name for it)",
+        choices=("bf16", "fp8", "fp8_e4m3", "auto"),
     )
     kv_cache_scales: list[float] | None = opt(
         None, ("--kv-cache-scales",),
@@ -70,6 +71,11 @@ class CacheConfig:
     cpu_kv_cache_space_gib: float = opt(
         4.0, ("--cpu-kv-cache-space",), "GiB of KV cache when running on CPU"
     )
+
+    def __post_init__(self) -> None:
+        # One name past this point: the runner, the loader and the scales compare to "fp8".
+        if self.kv_cache_dtype == "fp8_e4m3":
+            self.kv_cache_dtype = "fp8"
 
 
 # An LLMEngine built from keyword options (offline batches, where no stream waits on its

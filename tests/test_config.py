@@ -38,6 +38,17 @@ def test_both_spellings_accepted(flag):
     assert parse(flag, "bf16").cache_config.kv_cache_dtype == "bf16"
 
 
+@pytest.mark.parametrize("value", ["fp8", "fp8_e4m3"])
+def test_vllms_name_for_the_e4m3_cache_is_the_fp8_cache(value):
+    assert parse("--kv-cache-dtype", value).cache_config.kv_cache_dtype == "fp8"
+    assert Config.from_kwargs(kv_cache_dtype=value).cache_config.kv_cache_dtype == "fp8"
+
+
+def test_an_e5m2_cache_is_refused_by_name():
+    with pytest.raises(ConfigError, match="--kv_cache_dtype 'fp8_e5m2' is not one of"):
+        Config.from_kwargs(kv_cache_dtype="fp8_e5m2")
+
+
 def test_flags_reach_their_config_part():
     c = parse(
         "--model", "/m", "--max-model-len", "128", "--max-num-batched-tokens", "64",
