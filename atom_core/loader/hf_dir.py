@@ -17,7 +17,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from atom_core.errors import ConfigError
-from atom_core.loader.fp8_blocks import dequantized, fp8_block_size
+from atom_core.loader.fp8_checkpoint import dequantized, fp8_layout
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +85,16 @@ def safetensors_files(path: Path) -> list[Path]:
 
 def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped); a
-    block-FP8 checkpoint's quantized weights dequantized (loader/fp8_blocks.py). An MXFP4
+    FP8 checkpoint's quantized weights dequantized (loader/fp8_checkpoint.py). An MXFP4
     checkpoint's tensors come as shipped (``*_blocks``, ``*_scales``): a model that
     serves MXFP4 (gpt-oss) keeps them packed, any other refuses their names."""
     quant = _quantization_config(path)
     if (quant or {}).get("quant_method") == "mxfp4":
         yield from _iter_files(path)
         return
-    block = fp8_block_size(SimpleNamespace(quantization_config=quant))
+    layout = fp8_layout(SimpleNamespace(quantization_config=quant))
     tensors = _iter_files(path)
-    yield from dequantized(tensors, block) if block is not None else tensors
+    yield from dequantized(tensors, layout) if layout is not None else tensors
 
 
 def _iter_files(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
