@@ -278,10 +278,11 @@ class ModelConfig:
     )
     quantization: str | None = opt(
         None, ("--quantization", "-q"),
-        "fp8: quantize the weights online at load (e4m3, one scale per output channel; the "
-        "checkpoint on disk is unchanged). An FP8 checkpoint (fp8 per block or tensor, "
-        "compressed-tensors float-quantized) is read dequantized, and re-quantized with this",
-        choices=("fp8",),
+"fp8: quantize the weights online at load (e4m3, one scale per output channel; the "
+        "checkpoint on disk is unchanged). none: compute in --dtype. Default: none, but an "
+        "FP8 checkpoint (fp8 per block or tensor, compressed-tensors float-quantized), read "
+        "dequantized, is quantized again (fp8) where the GPU computes in FP8",
+        choices=("fp8", "none"),
     )
     fp8_layers: list[str] = opt(
         ["attention", "mlp", "experts"], ("--fp8-layers",),
@@ -468,7 +469,7 @@ class Config:
         if m.trust_remote_code:
             raise ConfigError("--trust-remote-code is not supported: "
                               "ATOM runs only registered architectures")
-        if m.quantization is not None:
+        if m.quantization == "fp8":
             from atom_core.quant.fp8 import check_options
 
             try:

@@ -31,7 +31,7 @@ from atom_core.loader.chat_template import load_chat_template
 from atom_core.loader.dummy import init_dummy_weights
 from atom_core.loader.gguf_loader import GGUFFile, load_gguf_tokenizer
 from atom_core.plugins import get_registries
-from atom_core.quant.online import quantize_model, require_fp8_device
+from atom_core.quant.online import computes_fp8, quantize_model, require_fp8_device
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,23 @@ def _check_complete(model: nn.Module, loaded: set[str], source: str) -> None:
         raise ConfigError(f"{source} lacks {len(missing)} of the model's weights: {shown}")
 
 
+def _quantization(m: ModelConfig, model_dir: Path | None, device: torch.device) -> str | None:
+    """--quantization; where none is given, fp8 for an FP8 checkpoint on a device that
+    computes in FP8, as vLLM serves one (its weights are read dequantized, and would
+    otherwise take twice their size on disk)."""
+    if m.quantization is not None:
+        return None if m.quantization == "none" else m.quantization
+    if model_dir is None or m.load_dummy is not None or not hf_dir.is_fp8_checkpoint(model_dir):
+        return None
+    if computes_fp8(device):
+        logger.info("an FP8 checkpoint: served in FP8 (--quantization fp8; --quantization none "
+                    "computes in --dtype)")
+        return "fp8"
+    logger.info("an FP8 checkpoint on %s, which has no FP8 compute: served dequantized in "
+                "--dtype", device)
+    return None
+
+
 def load_model(
     config: Config, device: torch.device | str, dtype: torch.dtype, fuse: bool = True
 ) -> LoadedModel:
@@ -145,7 +162,7 @@ def load_model(
                                   cache.kv_cache_scales)
     if kv_scales is not None:
         logger.info("%s", kv_scales)
-    if m.quantization == "fp8":
+    if _quantization(m, model_dir, torch.device(device)) == "fp8":
         require_fp8_device(torch.device(device), "--quantization fp8")
         quantize_model(model, m.fp8_layers, m.fp8_w8a8_min_rows)
     for line in fuse_model(model, device) if fuse else ():

@@ -15,9 +15,10 @@ linear's ``X.weight`` is float8_e4m3fn beside an fp32/bf16 scale tensor, and the
   (``X.input_scale``) or not quantized (W8A16).
 
 The loader reads each quantized weight as the dequantized fp32 tensor, which the model's
-weight loaders copy into its dtype (as GGUF is read): the model runs in ``--dtype``, or in
-FP8 again with ``--quantization fp8`` (weights re-quantized per output channel,
-activations per token). Static activation scales are therefore not used, and dropped.
+weight loaders copy into its dtype (as GGUF is read); where the device computes in FP8 the
+model is then quantized again as ``--quantization fp8`` does (weights per output channel,
+activations per token; ``loader.load_model``), else it runs in ``--dtype``. Static
+activation scales are therefore not used, and dropped.
 Norms, embeddings, routers and the LM head stay as shipped. A method or layout other than
 these is refused by name.
 """
@@ -175,6 +176,5 @@ def dequantized(weights: Iterable[tuple[str, torch.Tensor]], layout: Fp8Layout,
             n.removesuffix(".weight") + suffix for n in scales_waiting)
         raise ConfigError(f"{layout.method} checkpoint: {len(lone)} tensors without their "
                           f"pair (weight and {layout.scale_name}): {', '.join(lone[:5])}")
-    logger.info("%s FP8 checkpoint: %d weights dequantized at load (the model runs in its "
-                "--dtype, or in FP8 with --quantization fp8)%s", layout.method, count,
+    logger.info("%s FP8 checkpoint: %d weights dequantized at load%s", layout.method, count,
                 f"; {dropped} static activation scales unused" if dropped else "")

@@ -97,6 +97,15 @@ def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     yield from dequantized(tensors, layout) if layout is not None else tensors
 
 
+def is_fp8_checkpoint(path: Path) -> bool:
+    """Whether the directory's weights are FP8 (loader/fp8_checkpoint.py); an unsupported
+    ``quantization_config`` is a ConfigError naming it."""
+    quant = _quantization_config(path)
+    if (quant or {}).get("quant_method") == "mxfp4":
+        return False
+    return fp8_layout(SimpleNamespace(quantization_config=quant)) is not None
+
+
 def _iter_files(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt") as f:

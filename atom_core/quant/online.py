@@ -46,6 +46,15 @@ def layer_kind(name: str, module: nn.Module) -> str | None:
     return None
 
 
+def computes_fp8(device: torch.device) -> bool:
+    """Whether ``device`` has FP8 tensor cores the kernels use (CUDA, compute capability
+    8.9 or later): where an FP8 checkpoint is served in FP8 unless told otherwise. The CPU
+    runs FP8 as reference ops, far slower than its dequantized weights."""
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def require_fp8_device(device: torch.device, what: str) -> None:
     """A ConfigError naming ``what`` where ``device`` has no FP8 arithmetic (CUDA before
     compute capability 8.9); the CPU runs the reference ops."""

@@ -185,6 +185,28 @@ def test_an_fp8_checkpoint_serves_in_fp8_as_its_dequantized_weights_do(layout, t
     assert [e.logprob for e in outs[0]["logprobs"]] == [e.logprob for e in outs[1]["logprobs"]]
 
 
+def test_an_fp8_checkpoint_is_served_in_fp8_where_the_device_computes_in_fp8(tmp_path,
+                                                                          monkeypatch):
+    """As vLLM serves one: quantized again at load unless --quantization none; on a device
+    without FP8 compute (the CPU here) dequantized. Unquantized checkpoints unchanged."""
+    import atom_core.loader as loader
+    from atom_core.config import Config
+
+    fp8, plain = fp8_pair("qwen3", tmp_path, "ct-channel")
+
+    def e4m3_params(path: Path, **kw) -> int:
+        model = loader.load_model(Config.from_kwargs(model=str(path), **kw), "cpu",
+                                  torch.float32).model
+        return sum(p.dtype == torch.float8_e4m3fn for p in model.parameters())
+
+    assert e4m3_params(fp8) == 0
+    monkeypatch.setattr(loader, "computes_fp8", lambda device: True)
+    assert e4m3_params(fp8) > 0
+    assert e4m3_params(fp8, quantization="none") == 0
+    assert e4m3_params(plain) == 0
+    assert e4m3_params(plain, quantization="fp8") == e4m3_params(fp8)
+
+
 def test_dequantize_equals_a_loop_over_blocks_channels_and_tensors():
     torch.manual_seed(0)
     for shape in [(40, 64), (96, 48), (16, 16), (7, 33)]:
