@@ -278,7 +278,7 @@ class ModelConfig:
     )
     quantization: str | None = opt(
         None, ("--quantization", "-q"),
-"fp8: quantize the weights online at load (e4m3, one scale per output channel; the "
+        "fp8: quantize the weights online at load (e4m3, one scale per output channel; the "
         "checkpoint on disk is unchanged). none: compute in --dtype. Default: none, but an "
         "FP8 checkpoint (fp8 per block or tensor, compressed-tensors float-quantized), read "
         "dequantized, is quantized again (fp8) where the GPU computes in FP8",

@@ -17,7 +17,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from atom_core.errors import ConfigError
-from atom_core.loader.fp8_checkpoint import dequantized, fp8_layout
+from atom_core.loader.fp8_checkpoint import Fp8Layout, dequantized, fp8_layout
 
 logger = logging.getLogger(__name__)
 
@@ -84,26 +84,27 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped); a
+    """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped); an
     FP8 checkpoint's quantized weights dequantized (loader/fp8_checkpoint.py). An MXFP4
     checkpoint's tensors come as shipped (``*_blocks``, ``*_scales``): a model that
     serves MXFP4 (gpt-oss) keeps them packed, any other refuses their names."""
-    quant = _quantization_config(path)
-    if (quant or {}).get("quant_method") == "mxfp4":
-        yield from _iter_files(path)
-        return
-    layout = fp8_layout(SimpleNamespace(quantization_config=quant))
+    layout = _fp8_layout(path)
     tensors = _iter_files(path)
     yield from dequantized(tensors, layout) if layout is not None else tensors
 
 
 def is_fp8_checkpoint(path: Path) -> bool:
-    """Whether the directory's weights are FP8 (loader/fp8_checkpoint.py); an unsupported
-    ``quantization_config`` is a ConfigError naming it."""
+    """Whether the directory's weights are FP8 (loader/fp8_checkpoint.py)."""
+    return _fp8_layout(path) is not None
+
+
+def _fp8_layout(path: Path) -> Fp8Layout | None:
+    """The FP8 layout of the directory's weights: None for unquantized and MXFP4 ones; an
+    unsupported ``quantization_config`` is a ConfigError naming it."""
     quant = _quantization_config(path)
     if (quant or {}).get("quant_method") == "mxfp4":
-        return False
-    return fp8_layout(SimpleNamespace(quantization_config=quant)) is not None
+        return None
+    return fp8_layout(SimpleNamespace(quantization_config=quant))
 
 
 def _iter_files(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
