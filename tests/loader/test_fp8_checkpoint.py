@@ -3,9 +3,10 @@ shared experts) and Qwen3 checkpoints saved in each published FP8 layout (DeepSe
 Qwen3-FP8's ``weight_scale_inv`` per block; the per-tensor ``fp8`` layout with static
 input scales; compressed-tensors' float-quantized weights per channel, per tensor without
 activation quantization, and per block) load, and their logits equal those of the same
-model saved unquantized with the dequantized weights. The dequantization against loops
-written here; pairing in either order; anything else in ``quantization_config`` refused
-by name."""
+model saved unquantized with the dequantized weights; served in FP8 (the default where the
+device computes in FP8), their tokens are those weights' under ``--quantization fp8``. The
+dequantization against loops written here; pairing in either order; anything else in
+``quantization_config`` refused by name."""
 
 from __future__ import annotations
 
