@@ -126,12 +126,13 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor,
                block: tuple[int, int] | None) -> torch.Tensor:
     """fp32 ``weight * scale`` for the [N, K] weight, by the scale's shape: one number (per
     tensor), N numbers ([N] or [N, 1]: per output channel), or with ``block`` one per
-    ``block`` tile (the last row and column of tiles may be partial)."""
+    ``block`` tile (the last row and column of tiles may be partial). A checkpoint whose
+    groups mix strategies has block scales beside per-channel and per-tensor ones."""
     n, k = weight.shape
     scale = scale.float()
     if scale.numel() == 1:
         return weight.float() * scale.reshape(())
-    if block is None and tuple(scale.shape) in ((n,), (n, 1)):
+    if tuple(scale.shape) in ((n,), (n, 1)):
         return weight.float() * scale.reshape(n, 1)
     if block is None:
         raise ConfigError(f"a weight of shape {(n, k)} takes one scale or {n} (per output "

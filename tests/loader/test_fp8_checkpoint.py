@@ -220,6 +220,8 @@ def test_dequantize_equals_a_loop_over_blocks_channels_and_tensors():
             torch.testing.assert_close(dequantize(q, scales, None), want, rtol=0, atol=0)
             torch.testing.assert_close(dequantize(q, scales.reshape(-1), None), want,
                                        rtol=0, atol=0)
+            # A block group beside a channel or tensor group: the scale's shape decides.
+            torch.testing.assert_close(dequantize(q, scales, BLOCK), want, rtol=0, atol=0)
     with pytest.raises(ConfigError, match=r"needs \(3, 4\) scales"):
         dequantize(q.new_zeros(40, 64), torch.ones(2, 4), BLOCK)
     with pytest.raises(ConfigError, match=r"takes one scale or 40 \(per output channel\)"):
