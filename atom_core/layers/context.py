@@ -17,6 +17,10 @@ class BuildContext:
     device: torch.device
     dtype: torch.dtype
     attention_backend: str | None = None  # forced backend name, else the registry's choice
+    # The linears' and experts' weights left on the meta device, for the loader to allocate
+    # in the format they are served in (``quant.online.allocate_weights``): an FP8 model
+    # never holds its linears in the model dtype.
+    defer_weights: bool = False
 
 
 _build: BuildContext | None = None

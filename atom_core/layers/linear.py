@@ -9,7 +9,9 @@ op (``F.linear`` contract), resolved once for the build context's device.
 
 ``quantize_fp8`` (``--quantization fp8``, after loading) swaps the weight for its e4m3
 values and per-row scales; ``op_weight`` is what the ops are handed, the plain weight or
-the ``Fp8Weight``.
+the ``Fp8Weight``. Where the build defers the weights (``BuildContext.defer_weights``),
+``allocate_weight`` gives them their format before loading instead, and the weight loaders
+quantize the checkpoint's rows as they copy them (``store_rows``).
 """
 
 from __future__ import annotations
@@ -23,17 +25,61 @@ from atom_core.errors import ConfigError
 from atom_core.layers.context import get_build_context
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm
-from atom_core.quant.fp8 import Fp8Weight, quantize_weight
+from atom_core.quant.fp8 import FP8_DTYPE, Fp8Weight, RowsOnLoad, quantize_rows, quantize_weight
 
 
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     """Copy a whole tensor into ``param`` (same shape; dtype and device converted)."""
+    _check_fits(param, loaded_weight)
+    if param.dtype == FP8_DTYPE and loaded_weight.dtype != FP8_DTYPE:
+        # A cast would drop the scale: e4m3 weights take their rows through store_rows.
+        raise TypeError("an e4m3 weight is filled by store_rows, not copied into")
+    param.data.copy_(loaded_weight)
+
+
+def _check_fits(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     if param.shape != loaded_weight.shape:
         raise ValueError(
             f"checkpoint tensor of shape {tuple(loaded_weight.shape)} does not fit "
             f"parameter of shape {tuple(param.shape)}"
         )
-    param.data.copy_(loaded_weight)
+
+
+def store_rows(param: nn.Parameter, index: tuple[int | slice, ...],
+               loaded_weight: torch.Tensor) -> None:
+    """Copy ``loaded_weight`` into ``param.data[index]``, ``index`` over the leading
+    dimensions (whole rows). A weight allocated in e4m3 before loading (its
+    ``quantize_on_load``) takes the rows rounded to the model dtype and quantized one scale
+    a row, the scales at the same index: the bits ``quantize_fp8`` gives after loading."""
+    target = param.data[index]
+    rows: RowsOnLoad | None = getattr(param, "quantize_on_load", None)
+    if rows is None:
+        return default_weight_loader(target, loaded_weight)
+    _check_fits(target, loaded_weight)
+    q, scale = quantize_rows(loaded_weight.to(target.device, rows.dtype))
+    target.copy_(q)
+    rows.scale[index].copy_(scale)
+
+
+def deferrable_weight(*shape: int) -> nn.Parameter:
+    """A linear's or an expert stack's weight, uninitialized; on the meta device (no memory)
+    where the build defers the weights (``BuildContext.defer_weights``)."""
+    device = "meta" if get_build_context().defer_weights else None
+    return nn.Parameter(torch.empty(*shape, device=device), requires_grad=False)
+
+
+def allocated(shape: torch.Size, device: torch.device, dtype: torch.dtype,
+              w8a8_min_rows: int | None) -> tuple[nn.Parameter, Fp8Weight | None]:
+    """A deferred weight's storage: in ``dtype``, or (``w8a8_min_rows`` given) e4m3 values
+    with fp32 scales [..., N] that ``store_rows`` fills as the checkpoint is read."""
+    if w8a8_min_rows is None:
+        return nn.Parameter(torch.empty(shape, dtype=dtype, device=device),
+                            requires_grad=False), None
+    weight = nn.Parameter(torch.empty(shape, dtype=FP8_DTYPE, device=device), requires_grad=False)
+    scale = nn.Parameter(torch.empty(shape[:-1], dtype=torch.float32, device=device),
+                         requires_grad=False)
+    weight.quantize_on_load = RowsOnLoad(scale, dtype)
+    return weight, Fp8Weight(weight, scale, w8a8_min_rows)
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -68,6 +114,17 @@ class Fp8Quantizable:
         self.weight_scale = nn.Parameter(fp8.scale, requires_grad=False)
         self.fp8 = Fp8Weight(self.weight, self.weight_scale, w8a8_min_rows)
 
+    def allocate_weights(self, device: torch.device, dtype: torch.dtype,
+                         w8a8_min_rows: int | None) -> None:
+        """Give the deferred weight its storage (``allocated``) before loading: e4m3 where
+        ``w8a8_min_rows`` is given (as ``quantize_fp8`` would leave it), else ``dtype``."""
+        weight, fp8 = allocated(self.weight.shape, device, dtype, w8a8_min_rows)
+        weight.weight_loader = self.weight.weight_loader
+        self.weight = weight
+        if fp8 is not None:
+            self.weight_scale = weight.quantize_on_load.scale
+            self.fp8 = fp8
+
 
 class LinearBase(Fp8Quantizable, nn.Module):
     """y = x W^T + b with W of shape [output_size, input_size] on this rank."""
@@ -78,7 +135,7 @@ class LinearBase(Fp8Quantizable, nn.Module):
         self.tp_dim = tp_dim  # the weight dimension split across ranks (None: replicated)
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight = deferrable_weight(output_size, input_size)
         self.weight.weight_loader = self.weight_loader
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
@@ -95,7 +152,7 @@ class LinearBase(Fp8Quantizable, nn.Module):
         if dim is not None and self.tp_size > 1:
             size = param.shape[dim]
             loaded_weight = loaded_weight.narrow(dim, self.tp_rank * size, size)
-        default_weight_loader(param, loaded_weight)
+        store_rows(param, (), loaded_weight)
 
     def forward(self, x: torch.Tensor | DeferredNorm) -> torch.Tensor:
         return self._linear(x, self.op_weight, self.bias)
@@ -157,9 +214,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard_id = int(shard_id)
         sizes = [s // self.tp_size for s in self.output_sizes]
         offset = sum(sizes[:shard_id])
-        target = param.data.narrow(0, offset, sizes[shard_id])
         loaded_weight = loaded_weight.narrow(0, self.tp_rank * sizes[shard_id], sizes[shard_id])
-        default_weight_loader(target, loaded_weight)
+        store_rows(param, (slice(offset, offset + sizes[shard_id]),), loaded_weight)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -214,5 +270,5 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             raise ValueError(
                 f"QKVParallelLinear shard_id must be 'q', 'k' or 'v', got {shard_id!r}")
-        target = param.data.narrow(0, offset, size)
-        default_weight_loader(target, loaded_weight.narrow(0, rank * size, size))
+        loaded_weight = loaded_weight.narrow(0, rank * size, size)
+        store_rows(param, (slice(offset, offset + size),), loaded_weight)

@@ -26,7 +26,7 @@ from atom_core.distributed.collectives import all_reduce, gather_rows, sum_own_r
 from atom_core.distributed.state import tensor_parallel
 from atom_core.errors import ConfigError
 from atom_core.layers.context import get_build_context
-from atom_core.layers.linear import default_weight_loader
+from atom_core.layers.linear import allocated, deferrable_weight, store_rows
 from atom_core.layers.model_api import STACKED_PARAMS, load_hf_weights
 from atom_core.ops import resolve_op
 from atom_core.ops.deferred_norm import AddNorm, DeferredNorm, normed
@@ -154,9 +154,8 @@ class FusedMoE(nn.Module):
                            if not self.expert_parallel or j % tp.size == tp.rank]
         self.num_shared_experts = len(self.shared_ids)
         inter, total = self.intermediate_size, self.local_experts + self.num_shared_experts
-        self.w13_weight = nn.Parameter(torch.empty(total, 2 * inter, hidden_size),
-                                       requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(total, hidden_size, inter), requires_grad=False)
+        self.w13_weight = deferrable_weight(total, 2 * inter, hidden_size)
+        self.w2_weight = deferrable_weight(total, hidden_size, inter)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
         self._op = resolve_op("fused_moe", get_build_context().device)
@@ -184,17 +183,16 @@ class FusedMoE(nn.Module):
                 )
             else:
                 loaded_weight = loaded_weight.narrow(2, rank * inter, inter)
-            return default_weight_loader(param.data.narrow(0, 0, self.local_experts),
-                                         loaded_weight)
+            return store_rows(param, (slice(0, self.local_experts),), loaded_weight)
         slot = self.local_slot(expert_id)
         if slot is None:
             return
-        target = param.data[slot]
         if shard_id == "w2":
-            default_weight_loader(target, loaded_weight.narrow(1, rank * inter, inter))
+            store_rows(param, (slot,), loaded_weight.narrow(1, rank * inter, inter))
         elif shard_id in ("w1", "w3"):
-            half = target.narrow(0, 0 if shard_id == "w1" else inter, inter)
-            default_weight_loader(half, loaded_weight.narrow(0, rank * inter, inter))
+            start = 0 if shard_id == "w1" else inter
+            store_rows(param, (slot, slice(start, start + inter)),
+                       loaded_weight.narrow(0, rank * inter, inter))
         else:
             raise ValueError(f"FusedMoE shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}")
 
@@ -243,6 +241,23 @@ class FusedMoE(nn.Module):
             fp8.append(Fp8Weight(getattr(self, name), getattr(self, f"{name}_scale"),
                                  w8a8_min_rows))
         self.fp8 = (fp8[0], fp8[1])
+
+    def allocate_weights(self, device: torch.device, dtype: torch.dtype,
+                         w8a8_min_rows: int | None) -> None:
+        """Give the deferred stacks their storage before loading: e4m3 with per-(expert,
+        row) scales where ``w8a8_min_rows`` is given (as ``quantize_fp8`` would leave them,
+        each expert's rows quantized as the loader copies them), else ``dtype``."""
+        fp8 = []
+        for name in ("w13_weight", "w2_weight"):
+            weight, quantized = allocated(getattr(self, name).shape, device, dtype,
+                                          w8a8_min_rows)
+            weight.weight_loader = self.weight_loader
+            setattr(self, name, weight)
+            if quantized is not None:
+                setattr(self, f"{name}_scale", weight.quantize_on_load.scale)
+                fp8.append(quantized)
+        if fp8:
+            self.fp8 = (fp8[0], fp8[1])
 
     def forward(
         self, x: torch.Tensor | DeferredNorm | None, topk_weights: torch.Tensor | None,

@@ -31,7 +31,12 @@ from atom_core.loader.chat_template import load_chat_template
 from atom_core.loader.dummy import init_dummy_weights
 from atom_core.loader.gguf_loader import GGUFFile, load_gguf_tokenizer
 from atom_core.plugins import get_registries
-from atom_core.quant.online import computes_fp8, quantize_model, require_fp8_device
+from atom_core.quant.online import (
+    allocate_weights,
+    computes_fp8,
+    quantize_model,
+    require_fp8_device,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +83,12 @@ def build_model(
     dtype: torch.dtype,
     *,
     meta: bool = False,
+    defer_weights: bool = False,
 ) -> nn.Module:
     """Construct the registered class for the config's architecture on ``device`` in ``dtype``;
     ``meta``: its parameters on the meta device instead (sizes only, no memory), ops still
-    resolved for ``device``."""
+    resolved for ``device``; ``defer_weights``: only the linears' and experts' weights
+    there, for ``quant.online.allocate_weights`` to allocate in their served format."""
     registry = get_registries().architectures
     arch = architecture(hf_config)
     if arch not in registry:
@@ -93,15 +100,16 @@ def build_model(
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("meta" if meta else device), build_context(BuildContext(device, dtype)):
+        context = BuildContext(device, dtype, defer_weights=defer_weights)
+        with torch.device("meta" if meta else device), build_context(context):
             model = registry.get(arch)(hf_config)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
 
 
-def _check_complete(model: nn.Module, loaded: set[str], source: str) -> None:
-    missing = sorted({name for name, _ in model.named_parameters()} - loaded)
+def _check_complete(names: set[str], loaded: set[str], source: str) -> None:
+    missing = sorted(names - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ConfigError(f"{source} lacks {len(missing)} of the model's weights: {shown}")
@@ -142,9 +150,19 @@ def load_model(
         hf_config = hf_dir.load_config(path)
     else:
         raise ConfigError(f"--model {path} is neither a directory, a .gguf file nor a config.json")
-    model = build_model(hf_config, device, dtype)
-
     model_dir = path if path.is_dir() else None
+    device = torch.device(device)
+    quantization = _quantization(m, model_dir, device)
+    if quantization == "fp8":
+        require_fp8_device(device, "--quantization fp8")
+    # A checkpoint served in FP8 is quantized as it is read, so that its linears never all
+    # exist in the model dtype (twice the FP8 model's memory, past one GPU for a 70B model).
+    on_load = quantization == "fp8" and model_dir is not None and m.load_dummy is None
+    model = build_model(hf_config, device, dtype, defer_weights=on_load)
+    names = {name for name, _ in model.named_parameters()}
+    if on_load:
+        allocate_weights(model, device, dtype, m.fp8_layers, m.fp8_w8a8_min_rows)
+
     if m.load_dummy is not None:
         source = f"dummy-{m.load_dummy}:{path}"
         loaded = init_dummy_weights(model, m.load_dummy, m.seed)
@@ -156,14 +174,13 @@ def load_model(
         loaded = model.load_weights(hf_dir.iter_weights(path))
     else:
         raise ConfigError(f"--model {path} is a config file without weights; add --load_dummy")
-    _check_complete(model, loaded, source)
+    _check_complete(names, loaded, source)
     cache = config.cache_config
     kv_scales = resolve_kv_scales(model.attention_layers(), cache.kv_cache_dtype,
                                   cache.kv_cache_scales)
     if kv_scales is not None:
         logger.info("%s", kv_scales)
-    if _quantization(m, model_dir, torch.device(device)) == "fp8":
-        require_fp8_device(torch.device(device), "--quantization fp8")
+    if quantization == "fp8":
         quantize_model(model, m.fp8_layers, m.fp8_w8a8_min_rows)
     for line in fuse_model(model, device) if fuse else ():
         logger.info("fusion: %s", line)

@@ -71,6 +71,16 @@ class Fp8Weight(NamedTuple):
         return Fp8Weight(self.qweight[e], self.scale[e], self.w8a8_min_rows)
 
 
+class RowsOnLoad(NamedTuple):
+    """What an e4m3 weight allocated before loading needs to take the checkpoint's rows
+    (``layers.linear.store_rows``): the fp32 ``scale`` [..., N] its rows' scales go to, and
+    the model ``dtype`` each row is rounded to first, as a weight loaded in that dtype and
+    quantized afterwards would have been."""
+
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values, fp32 scales [...]) of ``t`` [..., K] with one scale per row: each row's
     largest magnitude maps to e4m3's largest finite value (448). The values are multiplied

@@ -12,6 +12,12 @@ attention projections, experts and the output layer at different precisions:
 
 A linear whose model reads its weight directly (``quantizable`` False) stays as it is, and
 so do norms, embeddings and the MoE routers.
+
+Quantizing after loading needs the whole model in its dtype first: twice the memory the
+FP8 model takes. Where the loader reads a checkpoint directory it builds the linears and
+experts without storage instead (``BuildContext.defer_weights``), and ``allocate_weights``
+gives the chosen kinds e4m3 storage whose rows are quantized as the checkpoint is read;
+``quantize_model`` then does the rest (the LM head). Both give the same bits.
 """
 
 from __future__ import annotations
@@ -67,21 +73,53 @@ def require_fp8_device(device: torch.device, what: str) -> None:
                           f"Hopper, Blackwell); {name} has {major}.{minor}")
 
 
-def quantize_model(model: nn.Module, kinds: tuple[str, ...] | list[str],
-                   w8a8_min_rows: int | None = None) -> dict[str, int]:
-    """Quantize the weights of the layer ``kinds`` in place; how many modules of each kind
-    were quantized. ``w8a8_min_rows``: every kind's crossover to W8A8 (None: each kind's
-    default, ``KIND_W8A8_MIN_ROWS``)."""
+def _min_rows(kind: str, w8a8_min_rows: int | None) -> int:
+    return w8a8_min_rows or KIND_W8A8_MIN_ROWS[kind]
+
+
+def allocate_weights(model: nn.Module, device: torch.device, dtype: torch.dtype,
+                     kinds: tuple[str, ...] | list[str],
+                     w8a8_min_rows: int | None = None) -> int:
+    """Give the weights a deferred build left on the meta device their storage: e4m3 rows
+    and scales for the modules of the layer ``kinds`` (filled as the checkpoint is read),
+    ``dtype`` for the others; how many were allocated in e4m3."""
+    _check(kinds, w8a8_min_rows)
+    quantized = 0
+    for name, module in model.named_modules():
+        allocate = getattr(module, "allocate_weights", None)
+        if allocate is None or not any(p.is_meta for p in module.parameters(recurse=False)):
+            continue
+        kind = layer_kind(name, module)
+        fp8 = kind in kinds and getattr(module, "quantizable", True)
+        allocate(device, dtype, _min_rows(kind, w8a8_min_rows) if fp8 else None)
+        quantized += fp8
+    left = [name for name, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise RuntimeError(f"weights left without storage: {', '.join(left[:5])}")
+    return quantized
+
+
+def _check(kinds: tuple[str, ...] | list[str], w8a8_min_rows: int | None) -> None:
     try:
         check_options(kinds, w8a8_min_rows)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def quantize_model(model: nn.Module, kinds: tuple[str, ...] | list[str],
+                   w8a8_min_rows: int | None = None) -> dict[str, int]:
+    """Quantize the weights of the layer ``kinds`` in place; how many modules of each kind
+    are quantized, those ``allocate_weights`` quantized as they loaded included.
+    ``w8a8_min_rows``: every kind's crossover to W8A8 (None: each kind's default,
+    ``KIND_W8A8_MIN_ROWS``)."""
+    _check(kinds, w8a8_min_rows)
     counts = dict.fromkeys(kinds, 0)
     for name, module in list(model.named_modules()):
         kind = layer_kind(name, module)
         if kind not in counts or not getattr(module, "quantizable", True):
             continue
-        module.quantize_fp8(w8a8_min_rows or KIND_W8A8_MIN_ROWS[kind])
+        if module.fp8 is None:
+            module.quantize_fp8(_min_rows(kind, w8a8_min_rows))
         counts[kind] += 1
     first = next(model.parameters(), None)
     if first is not None and first.device.type == "cuda":
