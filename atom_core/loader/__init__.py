@@ -171,7 +171,7 @@ def load_model(
         loaded = model.load_weights(gguf.iter_weights(hf_config))
     elif model_dir is not None:
         source = f"hf:{path}"
-        loaded = model.load_weights(hf_dir.iter_weights(path))
+        loaded = model.load_weights(hf_dir.iter_weights(path, device))
     else:
         raise ConfigError(f"--model {path} is a config file without weights; add --load_dummy")
     _check_complete(names, loaded, source)

@@ -146,10 +146,16 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor,
 
 
 def dequantized(weights: Iterable[tuple[str, torch.Tensor]], layout: Fp8Layout,
-                ) -> Iterator[tuple[str, torch.Tensor]]:
+                device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``weights`` with each FP8 ``X.weight`` and its scale replaced by the dequantized
     fp32 ``X.weight``, static activation scales dropped; the other tensors pass through.
-    A weight without its scale, or a scale without its weight, is an error."""
+    A weight without its scale, or a scale without its weight, is an error. ``device``:
+    where the pairs are dequantized (the model's GPU: the copy there is of one byte a
+    value, not four, and the products are the GPU's work, not the CPU's)."""
+
+    def pair(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return dequantize(weight.to(device), scale.to(device), layout.block)
+
     suffix = "." + layout.scale_name
     weights_waiting: dict[str, torch.Tensor] = {}
     scales_waiting: dict[str, torch.Tensor] = {}
@@ -159,7 +165,7 @@ def dequantized(weights: Iterable[tuple[str, torch.Tensor]], layout: Fp8Layout,
             target = name[: -len(suffix)] + ".weight"
             if target in weights_waiting:
                 count += 1
-                yield target, dequantize(weights_waiting.pop(target), tensor, layout.block)
+                yield target, pair(weights_waiting.pop(target), tensor)
             else:
                 scales_waiting[target] = tensor
         elif name.endswith("." + INPUT_SCALE):
@@ -167,7 +173,7 @@ def dequantized(weights: Iterable[tuple[str, torch.Tensor]], layout: Fp8Layout,
         elif tensor.dtype == torch.float8_e4m3fn:
             if name in scales_waiting:
                 count += 1
-                yield name, dequantize(tensor, scales_waiting.pop(name), layout.block)
+                yield name, pair(tensor, scales_waiting.pop(name))
             else:
                 weights_waiting[name] = tensor
         else:

@@ -83,14 +83,16 @@ def safetensors_files(path: Path) -> list[Path]:
     return found
 
 
-def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(path: Path, device: torch.device | str | None = None,
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) for every tensor, read lazily one at a time (memory-mapped); an
-    FP8 checkpoint's quantized weights dequantized (loader/fp8_checkpoint.py). An MXFP4
-    checkpoint's tensors come as shipped (``*_blocks``, ``*_scales``): a model that
-    serves MXFP4 (gpt-oss) keeps them packed, any other refuses their names."""
+    FP8 checkpoint's quantized weights dequantized, on ``device`` where given
+    (loader/fp8_checkpoint.py). An MXFP4 checkpoint's tensors come as shipped
+    (``*_blocks``, ``*_scales``): a model that serves MXFP4 (gpt-oss) keeps them packed,
+    any other refuses their names."""
     layout = _fp8_layout(path)
     tensors = _iter_files(path)
-    yield from dequantized(tensors, layout) if layout is not None else tensors
+    yield from dequantized(tensors, layout, device) if layout is not None else tensors
 
 
 def is_fp8_checkpoint(path: Path) -> bool:

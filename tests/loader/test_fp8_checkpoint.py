@@ -248,6 +248,18 @@ def test_pairs_in_either_order_and_lone_tensors_are_refused():
         list(dequantized([("c.weight", q)], BLOCK_LAYOUT))
 
 
+def test_pairs_are_dequantized_on_the_device_given():
+    """The e4m3 pair goes to the device before it is multiplied out (one byte a value over
+    the bus, not four); the other tensors stay where they were read."""
+    q, scales = quantize(torch.randn(32, 32), BLOCK)
+    norm = torch.ones(4)
+    got = dict(dequantized([("a.weight", q), ("a.weight_scale_inv", scales),
+                            ("n.weight", norm)], BLOCK_LAYOUT, torch.device("meta")))
+    assert got["a.weight"].is_meta and got["a.weight"].shape == q.shape
+    assert got["a.weight"].dtype == torch.float32
+    assert got["n.weight"] is norm
+
+
 def test_static_input_scales_are_dropped_and_kv_scales_pass():
     q, scale, want = quantize_as(torch.randn(8, 32), None)
     k_scale = torch.tensor(0.5)

@@ -93,8 +93,8 @@ def _load_watching_bytes(monkeypatch, path: str, quantization: str) -> tuple[int
         built.append(build(*args, **kwargs))
         return built[-1]
 
-    def watching_read(p) -> Iterator[tuple[str, torch.Tensor]]:
-        for item in read(p):
+    def watching_read(*args) -> Iterator[tuple[str, torch.Tensor]]:
+        for item in read(*args):
             seen.append(held())
             yield item
         seen.append(held())
