@@ -128,15 +128,33 @@ def test_two_ranks_quantize_their_own_rows_as_read():
     """Row-parallel layers' ranks read a K slice of every row and quantize it with a scale
     of its own; the ranks' logits stay near one process's FP8 logits."""
     path = str(tiny_model_dir("qwen3"))
-    one = step_logits(load_model(Config.from_kwargs(model=path, quantization="fp8"), "cpu",
-                                 torch.float32).model, STEPS)
+    one, plain = _fp8_and_plain_logits(path)
     ranks = tensor_parallel_logits([(path, dict(quantization="fp8"))], STEPS)[0]
-    plain = step_logits(load_model(Config.from_kwargs(model=path), "cpu",
-                                   torch.float32).model, STEPS)
     for logits, _ in ranks:
         for got, want, ref in zip(logits, one, plain, strict=True):
             assert torch.allclose(got, want, atol=0.1, rtol=0.05)
             assert not torch.equal(got, ref)
+
+
+def test_expert_parallel_ranks_quantize_whole_experts_as_one_process_does():
+    """Under expert parallelism a rank holds whole experts and skips the others' tensors:
+    its experts' rows get one process's scales, so the logits match it up to the order
+    of the ranks' sums (the attention and dense layers are split as under TP)."""
+    path = str(tiny_model_dir("qwen3_moe"))
+    one, _ = _fp8_and_plain_logits(path)
+    ranks = tensor_parallel_logits([(path, dict(quantization="fp8"))], STEPS,
+                                   expert_parallel=True)[0]
+    for logits, _ in ranks:
+        for got, want in zip(logits, one, strict=True):
+            assert torch.allclose(got, want, atol=0.1, rtol=0.05)
+
+
+def _fp8_and_plain_logits(path: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def logits(**quant) -> list[torch.Tensor]:
+        config = Config.from_kwargs(model=path, **quant)
+        return step_logits(load_model(config, "cpu", torch.float32).model, STEPS)
+
+    return logits(quantization="fp8"), logits()
 
 
 def test_an_e4m3_weight_is_never_filled_by_a_cast():
