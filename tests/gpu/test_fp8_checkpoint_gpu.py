@@ -58,7 +58,8 @@ def test_a_checkpoint_served_in_fp8_never_holds_its_linears_in_bf16(tmp_path):
 
     config = tiny_config("qwen3")
     config.update(dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=16,
-                       num_attention_heads=16, num_key_value_heads=4, head_dim=64))
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                       layer_types=["full_attention"] * 16))
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path)
 
     def peak(quantization: str) -> tuple[int, int]:
