@@ -141,6 +141,9 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor,
     if tuple(scale.shape) != (rows, cols):
         raise ConfigError(f"a weight of shape {(n, k)} in {block} blocks needs "
                           f"{(rows, cols)} scales, the checkpoint has {tuple(scale.shape)}")
+    if n % block[0] == 0 and k % block[1] == 0:  # whole tiles: no weight-sized scales
+        tiles = weight.float().view(rows, block[0], cols, block[1])
+        return (tiles * scale.view(rows, 1, cols, 1)).view(n, k)
     scales = scale.repeat_interleave(block[0], 0)[:n]
     return weight.float() * scales.repeat_interleave(block[1], 1)[:, :k]
 
