@@ -10,7 +10,7 @@ op (``F.linear`` contract), resolved once for the build context's device.
 ``quantize_fp8`` (``--quantization fp8``, after loading) swaps the weight for its e4m3
 values and per-row scales; ``op_weight`` is what the ops are handed, the plain weight or
 the ``Fp8Weight``. Where the build defers the weights (``BuildContext.defer_weights``),
-``allocate_weight`` gives them their format before loading instead, and the weight loaders
+``allocate_weights`` gives them their format before loading instead, and the weight loaders
 quantize the checkpoint's rows as they copy them (``store_rows``).
 """
 
