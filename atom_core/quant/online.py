@@ -64,13 +64,19 @@ def computes_fp8(device: torch.device) -> bool:
 def require_fp8_device(device: torch.device, what: str) -> None:
     """A ConfigError naming ``what`` where ``device`` has no FP8 arithmetic (CUDA before
     compute capability 8.9); the CPU runs the reference ops."""
-    if device.type != "cuda" or getattr(torch.version, "hip", None):
+    if device.type != "cuda" or getattr(torch.version, "hip", None) or computes_fp8(device):
         return
     major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        name = torch.cuda.get_device_name(device)
-        raise ConfigError(f"{what} needs FP8 support (compute capability 8.9 or later: Ada, "
-                          f"Hopper, Blackwell); {name} has {major}.{minor}")
+    name = torch.cuda.get_device_name(device)
+    raise ConfigError(f"{what} needs FP8 support (compute capability 8.9 or later: Ada, "
+                      f"Hopper, Blackwell); {name} has {major}.{minor}")
+
+
+def _quantized_kind(name: str, module: nn.Module, kinds: tuple[str, ...] | list[str]
+                    ) -> str | None:
+    """The kind of the module at ``name`` where ``kinds`` quantizes it, else None."""
+    kind = layer_kind(name, module)
+    return kind if kind in kinds and getattr(module, "quantizable", True) else None
 
 
 def _min_rows(kind: str, w8a8_min_rows: int | None) -> int:
@@ -79,24 +85,20 @@ def _min_rows(kind: str, w8a8_min_rows: int | None) -> int:
 
 def allocate_weights(model: nn.Module, device: torch.device, dtype: torch.dtype,
                      kinds: tuple[str, ...] | list[str],
-                     w8a8_min_rows: int | None = None) -> int:
+                     w8a8_min_rows: int | None = None) -> None:
     """Give the weights a deferred build left on the meta device their storage: e4m3 rows
     and scales for the modules of the layer ``kinds`` (filled as the checkpoint is read),
-    ``dtype`` for the others; how many were allocated in e4m3."""
+    ``dtype`` for the others."""
     _check(kinds, w8a8_min_rows)
-    quantized = 0
     for name, module in model.named_modules():
         allocate = getattr(module, "allocate_weights", None)
         if allocate is None or not any(p.is_meta for p in module.parameters(recurse=False)):
             continue
-        kind = layer_kind(name, module)
-        fp8 = kind in kinds and getattr(module, "quantizable", True)
-        allocate(device, dtype, _min_rows(kind, w8a8_min_rows) if fp8 else None)
-        quantized += fp8
+        kind = _quantized_kind(name, module, kinds)
+        allocate(device, dtype, None if kind is None else _min_rows(kind, w8a8_min_rows))
     left = [name for name, p in model.named_parameters() if p.is_meta]
     if left:
         raise RuntimeError(f"weights left without storage: {', '.join(left[:5])}")
-    return quantized
 
 
 def _check(kinds: tuple[str, ...] | list[str], w8a8_min_rows: int | None) -> None:
@@ -115,8 +117,8 @@ def quantize_model(model: nn.Module, kinds: tuple[str, ...] | list[str],
     _check(kinds, w8a8_min_rows)
     counts = dict.fromkeys(kinds, 0)
     for name, module in list(model.named_modules()):
-        kind = layer_kind(name, module)
-        if kind not in counts or not getattr(module, "quantizable", True):
+        kind = _quantized_kind(name, module, kinds)
+        if kind is None:
             continue
         if module.fp8 is None:
             module.quantize_fp8(_min_rows(kind, w8a8_min_rows))
