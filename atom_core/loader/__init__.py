@@ -115,13 +115,14 @@ def _check_complete(names: set[str], loaded: set[str], source: str) -> None:
         raise ConfigError(f"{source} lacks {len(missing)} of the model's weights: {shown}")
 
 
-def _quantization(m: ModelConfig, model_dir: Path | None, device: torch.device) -> str | None:
+def _quantization(m: ModelConfig, model_dir: Path | None, hf_config: PretrainedConfig,
+                  device: torch.device) -> str | None:
     """--quantization; where none is given, fp8 for an FP8 checkpoint on a device that
     computes in FP8, as vLLM serves one (its weights are read dequantized, and would
     otherwise take twice their size on disk)."""
     if m.quantization is not None:
         return None if m.quantization == "none" else m.quantization
-    if model_dir is None or m.load_dummy is not None or not hf_dir.is_fp8_checkpoint(model_dir):
+    if model_dir is None or m.load_dummy is not None or not hf_dir.is_fp8_checkpoint(hf_config):
         return None
     if computes_fp8(device):
         logger.info("an FP8 checkpoint: served in FP8 (--quantization fp8; --quantization none "
@@ -152,7 +153,7 @@ def load_model(
         raise ConfigError(f"--model {path} is neither a directory, a .gguf file nor a config.json")
     model_dir = path if path.is_dir() else None
     device = torch.device(device)
-    quantization = _quantization(m, model_dir, device)
+    quantization = _quantization(m, model_dir, hf_config, device)
     if quantization == "fp8":
         require_fp8_device(device, "--quantization fp8")
     # A checkpoint served in FP8 is quantized as it is read, so that its linears never all

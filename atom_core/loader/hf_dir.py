@@ -95,15 +95,19 @@ def iter_weights(path: Path, device: torch.device | str | None = None,
     yield from dequantized(tensors, layout, device) if layout is not None else tensors
 
 
-def is_fp8_checkpoint(path: Path) -> bool:
-    """Whether the directory's weights are FP8 (loader/fp8_checkpoint.py)."""
-    return _fp8_layout(path) is not None
+def is_fp8_checkpoint(hf_config: PretrainedConfig) -> bool:
+    """Whether the weights of the checkpoint ``hf_config`` was read from are FP8
+    (loader/fp8_checkpoint.py)."""
+    return _layout(getattr(hf_config, "quantization_config", None)) is not None
 
 
 def _fp8_layout(path: Path) -> Fp8Layout | None:
-    """The FP8 layout of the directory's weights: None for unquantized and MXFP4 ones; an
-    unsupported ``quantization_config`` is a ConfigError naming it."""
-    quant = _quantization_config(path)
+    return _layout(_quantization_config(path))
+
+
+def _layout(quant: dict[str, Any] | None) -> Fp8Layout | None:
+    """The FP8 layout a ``quantization_config`` describes: None for unquantized and MXFP4
+    weights; an unsupported one is a ConfigError naming it."""
     if (quant or {}).get("quant_method") == "mxfp4":
         return None
     return fp8_layout(SimpleNamespace(quantization_config=quant))
