@@ -18,7 +18,7 @@ from atom_core.errors import ConfigError
 from atom_core.layers.linear import default_weight_loader
 from atom_core.loader import hf_dir, load_model
 from atom_core.quant.fp8 import FP8_DTYPE
-from atom_core.quant.online import quantize_model
+from atom_core.quant.online import computes_fp8, quantize_model, require_fp8_device
 from atom_core.testing.tensor_parallel import step_logits, tensor_parallel_logits
 from atom_core.testing.tiny_models import tiny_model_dir
 
@@ -172,6 +172,29 @@ def test_a_checkpoint_that_does_not_fit_still_fails_loudly(tmp_path):
     name = next(n for n in tensors if n.endswith("o_proj.weight"))
     tensors[name] = tensors[name][:, :-1].contiguous()
     st.save_file(tensors, weights)
-    with pytest.raises((ValueError, ConfigError), match="does not fit"):
+    with pytest.raises(ValueError, match="does not fit"):
         load_model(Config.from_kwargs(model=str(tmp_path), quantization="fp8"), "cpu",
                    torch.float32)
+
+
+@pytest.mark.parametrize(("capability", "fp8"), [((8, 0), False), ((8, 9), True), ((9, 0), True)])
+def test_a_gpu_without_fp8_is_refused_before_anything_is_built(capability, fp8, monkeypatch):
+    """Ampere is refused by name; Ada and Hopper compute in FP8 (what serves an FP8
+    checkpoint in FP8 by default). Checked before the model is built, so the CPU test
+    never touches CUDA."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    cuda = torch.device("cuda")
+    assert computes_fp8(cuda) is fp8
+    assert not computes_fp8(torch.device("cpu"))
+    if fp8:
+        require_fp8_device(cuda, "--quantization fp8")
+        return
+    built = []
+    monkeypatch.setattr(loader, "build_model", lambda *a, **k: built.append(a))
+    config = Config.from_kwargs(model=str(tiny_model_dir("qwen3")), quantization="fp8")
+    with pytest.raises(ConfigError, match=r"--quantization fp8 needs FP8 support .* "
+                                          r"NVIDIA A100 has 8\.0"):
+        load_model(config, "cuda", torch.bfloat16)
+    assert not built
