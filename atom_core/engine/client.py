@@ -44,7 +44,6 @@ from atom_core.engine.core_messages import (
     encoder,
     from_engine_decoder,
 )
-from atom_core.engine.core_process import run_engine_core
 from atom_core.engine.output import RequestText
 from atom_core.engine.request_stream import (
     RequestDelta,
@@ -163,7 +162,7 @@ class EngineClient:
         link = LinkServer()
         spawn = mp.get_context("spawn")
         process = spawn.Process(
-            target=run_engine_core,
+            target=_engine_main,
             args=(config, link.link, os.getpid(), logging.getLogger().level),
             name=f"atom-engine-core-{index}" if index else "atom-engine-core",
             daemon=True,
@@ -442,3 +441,12 @@ class EngineClient:
             "num_kv_blocks": r.num_kv_blocks if r else None,
             "data_parallel_size": len(self.replicas),
         }
+
+
+def _engine_main(*args: Any) -> None:
+    """The engine process's entry point. The engine's modules (its loop, the model runner,
+    the layers) are imported here, in that process: ``atom serve`` starts it before importing
+    its own HTTP stack, and the frontend never needs them."""
+    from atom_core.engine.core_process import run_engine_core
+
+    run_engine_core(*args)

@@ -33,12 +33,15 @@ from safetensors import SafetensorError, safe_open
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from atom_core.entrypoints.http.app import build_app
+from atom_core.engine.annotations import profiler_timeout
+from atom_core.engine.arg_utils import EngineArgs
+from atom_core.engine.client import EngineClient
 from atom_core.entrypoints.server_args import add_server_args
 from atom_core.errors import AtomError, ConfigError
 from atom_core.loader import hf_dir
 from atom_core.loader.gguf_loader import GGUFFile
 from atom_core.loader.hub import is_repo_id, resolve_model
+from atom_core.parsing.response import check_parser_names
 
 logger = logging.getLogger("atom.server")
 
@@ -72,9 +75,24 @@ def serve(args: argparse.Namespace) -> int:
     if args.node_rank > 0 or _launched_worker(args):
         return _serve_node(args)
     try:
-        app = build_app(args, on_engine_death=lambda reason: server.engine_died(reason))
-        check_model(args)  # after the flags build_app checks: those errors say more
+        engine_config = EngineArgs.from_cli_args(args).create_config()
+        profiler_timeout()  # ATOM_PROFILER_TIMEOUT: build_app reads it; a typo fails here
+        check_parser_names(args.tool_call_parser, args.reasoning_parser)
+        check_model(args)  # after the flags' checks: those errors say more
+        # The engine process starts now: it imports and loads the model while this one
+        # imports the HTTP stack and loads the tokenizer.
+        client = EngineClient(engine_config, args.served_model_name)
     except AtomError as exc:
+        print(f"atom serve: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        from atom_core.entrypoints.http.app import build_app
+
+        app = build_app(args, lambda reason: server.engine_died(reason), client)
+    except BaseException as exc:
+        client.abandon()
+        if not isinstance(exc, AtomError):
+            raise
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 1
     runtime = _StartupErrors(app)
@@ -119,7 +137,6 @@ def _serve_node(args: argparse.Namespace) -> int:
     """``--node-rank`` R > 0: no server here, only this node's tensor-parallel ranks, which
     join node 0's engine and exit with it."""
     from atom_core.distributed.launch import launched_rank, run_launched, run_node
-    from atom_core.engine.arg_utils import EngineArgs
 
     try:
         config = EngineArgs.from_cli_args(args).create_config()

@@ -50,6 +50,13 @@ from atom_core.parsing.tool_stream import ToolCallStream, new_call_id
 logger = logging.getLogger(__name__)
 
 
+def check_parser_names(tool_call_parser: str, reasoning_parser: str) -> None:
+    """Refuse an unknown --tool-call-parser / --reasoning-parser (ConfigError): called
+    before the engine process starts, so a typo costs no weight loading."""
+    check_tool_call_parser(tool_call_parser)
+    resolve_dialect(None, reasoning_parser)
+
+
 @dataclass
 class ParsedResponse:
     """A whole response as a message: what stream=false returns."""

@@ -7,6 +7,8 @@ import argparse
 import multiprocessing
 import shutil
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -93,3 +95,34 @@ def test_the_engine_client_refuses_to_start_off_the_main_thread():
     thread.join(30)
     assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
     assert "main thread" in str(errors[0]) and engines() == []
+
+
+# Run in a fresh interpreter: which modules are loaded when `atom serve` starts the engine.
+SERVE_UNTIL_THE_ENGINE_STARTS = """
+import sys
+from atom_core.entrypoints import server_runtime
+
+real = server_runtime.EngineClient
+
+
+def started(config, name):
+    client = real(config, name)
+    heavy = ("fastapi", "atom_core.entrypoints.http.app", "atom_core.engine.core_process")
+    print("loaded:", [m for m in heavy if m in sys.modules], client.replicas[0].process.is_alive())
+    client.abandon()
+    raise SystemExit(0)
+
+
+server_runtime.EngineClient = started
+server_runtime.main(["--model", sys.argv[1], "--device", "cpu"])
+"""
+
+
+def test_serve_starts_the_engine_before_it_imports_the_http_stack():
+    """The engine process imports torch's ops and loads the model while the frontend
+    imports FastAPI and its routes; the frontend never imports the engine's modules."""
+    out = subprocess.run([sys.executable, "-c", SERVE_UNTIL_THE_ENGINE_STARTS,
+                          str(tiny_model_dir("llama"))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "loaded: [] True" in out.stdout, out.stdout + out.stderr[-2000:]

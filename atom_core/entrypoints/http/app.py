@@ -37,11 +37,7 @@ from atom_core.entrypoints.http.errors import error_response, install_error_hand
 from atom_core.entrypoints.http.guards import ApiKeyMiddleware, BodySizeLimitMiddleware
 from atom_core.entrypoints.http.json_body import JSONBodyRoute
 from atom_core.entrypoints.http.metrics import ServerMetrics
-from atom_core.entrypoints.http.openai.chat import (
-    OpenAIServingChat,
-    check_parser_names,
-    resolve_chat_parser,
-)
+from atom_core.entrypoints.http.openai.chat import OpenAIServingChat, resolve_chat_parser
 from atom_core.entrypoints.http.openai.completions import OpenAIServingCompletion
 from atom_core.entrypoints.http.openai.protocol import ChatCompletionRequest, CompletionRequest
 from atom_core.entrypoints.http.openapi import install_openapi
@@ -49,6 +45,7 @@ from atom_core.entrypoints.http.request_id import RequestIdMiddleware, install_l
 from atom_core.entrypoints.http.tokenization import DetokenizeRequest, ServingTokenization
 from atom_core.errors import AtomError, EngineDeadError
 from atom_core.generation_defaults import GenerationDefaults
+from atom_core.parsing.response import check_parser_names
 
 logger = logging.getLogger("atom.server")
 
@@ -62,10 +59,18 @@ class AtomApp(FastAPI):
 
 
 def build_app(
-    args: argparse.Namespace, on_engine_death: Callable[[str], None] | None = None
+    args: argparse.Namespace,
+    on_engine_death: Callable[[str], None] | None = None,
+    started: EngineClient | None = None,
 ) -> FastAPI:
-    """The app; ``on_engine_death(reason)`` is called once if the engine process dies."""
-    config = EngineArgs.from_cli_args(args).create_config()
+    """The app; ``on_engine_death(reason)`` is called once if the engine process dies.
+    ``started``: the engine already started for ``args`` (server_runtime starts it before
+    importing this module, so the engine loads meanwhile), which the app's start-up then
+    waits for; without one, the start-up starts the engine."""
+    if started is not None:
+        config = started.config
+    else:
+        config = EngineArgs.from_cli_args(args).create_config()
     stop_timeout = profiler_timeout()  # ATOM_PROFILER_TIMEOUT; a bad value fails at start-up
     check_parser_names(args.tool_call_parser, args.reasoning_parser)  # before any weights load
     m = config.model_config
@@ -79,34 +84,37 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        client = EngineClient(config, args.served_model_name)  # the engine starts loading
+        # The engine starts loading here unless it already is.
+        client = started if started is not None else EngineClient(config, args.served_model_name)
         try:
-            # Resolved once, from the chat template, while the engine loads (and logged).
+            # What the handlers need is built while the engine loads: the chat template's
+            # parser (resolved once, and logged), the serving objects, a first collection.
             parser, encoder = resolve_chat_parser(
                 client, encoder_dir, args.tool_call_parser, args.reasoning_parser
             )
+            metrics = ServerMetrics(client.model_name)
+            # The handlers' engine: with a bounded queue, one that marks each first token.
+            engine = FirstTokenWatch(client) if queue is not None else client
+            chat = OpenAIServingChat(engine, parser=parser, encoder=encoder, defaults=defaults)
+            tokenization = ServingTokenization(chat)
+            state.update(metrics=metrics, chat=chat, tokenization=tokenization,
+                         tokenizer_info=msgspec.to_builtins(tokenization.info()),
+                         messages=AnthropicServingMessages(chat),
+                         completion=OpenAIServingCompletion(engine, defaults=defaults))
+            gc.collect()
             await client.start()
         except BaseException:
             client.abandon()
             raise
         if on_engine_death is not None:
             client.death_listeners.append(on_engine_death)
-        metrics = ServerMetrics(client.model_name)
         client.stats_listeners.append(metrics.on_stats)
         client.finish_listeners.append(metrics.on_finished)
-        # The handlers' engine: with a bounded queue, one that marks each first token.
-        engine = FirstTokenWatch(client) if queue is not None else client
-        chat = OpenAIServingChat(engine, parser=parser, encoder=encoder, defaults=defaults)
-        tokenization = ServingTokenization(chat)
-        state.update(client=client, metrics=metrics, chat=chat, tokenization=tokenization,
-                     tokenizer_info=msgspec.to_builtins(tokenization.info()),
-                     messages=AnthropicServingMessages(chat),
-                     completion=OpenAIServingCompletion(engine, defaults=defaults))
+        state["client"] = client
         app.state.engine_client = client  # server_runtime aborts what a shutdown's drain left
         remove_log_filter = install_log_filter()  # uvicorn's logging is configured by now
         # What start-up made (tokenizer, templates, app) lives as long as the server: out
         # of the collector's sight, so full collections stay short while requests stream.
-        gc.collect()
         gc.freeze()
         logger.info("serving %s on http://%s:%d", client.model_name, args.host, args.server_port)
         try:

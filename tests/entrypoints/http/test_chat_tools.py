@@ -10,13 +10,10 @@ from typing import Any
 import openai
 import pytest
 
-from atom_core.entrypoints.http.openai.chat import (
-    chat_encoder_for,
-    check_parser_names,
-    effective_tool_choice,
-)
+from atom_core.entrypoints.http.openai.chat import chat_encoder_for, effective_tool_choice
 from atom_core.errors import ConfigError, InvalidRequestError
 from atom_core.parsing.chat_encoders import JinjaChatEncoder
+from atom_core.parsing.response import check_parser_names
 from tests.entrypoints.http.asgi_app import async_client, make_app, post, sse_events
 from tests.entrypoints.http.scripted_engine import (
     MODEL,

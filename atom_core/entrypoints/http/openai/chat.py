@@ -76,14 +76,12 @@ from atom_core.parsing.events import (
     ToolCallArguments,
     ToolCallStart,
 )
-from atom_core.parsing.reasoning_dialects import resolve_dialect
 from atom_core.parsing.response import (
     ParsedResponse,
     ResponseParser,
     ResponseReader,
     special_tokens,
 )
-from atom_core.parsing.tool_detection import check_tool_call_parser
 from atom_core.parsing.tool_policy import ToolPolicy
 from atom_core.parsing.tool_stream import new_call_id
 from atom_core.sampling_params import SamplingParams
@@ -159,13 +157,6 @@ def chat_encoder_for(
     except ConfigError as exc:  # transformers may still render it; only detection is lost
         logger.warning("chat template not readable for tool-format detection: %s", exc)
         return None
-
-
-def check_parser_names(tool_call_parser: str, reasoning_parser: str) -> None:
-    """Refuse an unknown --tool-call-parser / --reasoning-parser (ConfigError): called
-    before the engine process starts, so a typo costs no weight loading."""
-    check_tool_call_parser(tool_call_parser)
-    resolve_dialect(None, reasoning_parser)
 
 
 def resolve_chat_parser(
