@@ -167,7 +167,7 @@ def test_a_prefill_entry_never_serves_a_decode_batch():
      (256, 8, 128, 16)],
 )
 @pytest.mark.parametrize("shared", [0, 2])
-def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, shared):
+def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, shared, monkeypatch):
     # The decode-size kernel must lay rows out exactly as the torch path: same rows,
     # same token order within each expert, same block owners; out-of-range ids get no row.
     # Shared experts (the last ``shared`` of the E) exist only as slots after the routed.
@@ -185,8 +185,16 @@ def test_decode_align_equals_torch_layout(tokens, top_k, experts, block_m, share
                                    capacity)
     ref = moe_align._align_torch(flat, experts, block_m, capacity)
     assert torch.equal(small[0], ref[0]) and torch.equal(small[1], ref[1])
-    # The op takes one or the other by size (256 x 8 pairs and 2 shared slots a token: torch).
+    # The op takes one or the other by size (256 x 8 pairs and 2 shared slots a token: torch),
+    # the kernel with these arguments: the interpreter is not run a second time for it.
+    asked = []
+    monkeypatch.setattr(moe_align, "_align_small", lambda *a: asked.append(a) or small)
     assert torch.equal(align_by_expert(ids, experts, block_m, shared)[0], ref[0])
+    if asked:
+        [(got_ids, *rest)] = asked
+        assert torch.equal(got_ids, ids)
+        assert rest == [flat.numel(), top_k + shared, experts, shared, block_m, capacity, None]
+    assert bool(asked) == (tokens * (top_k + shared) <= moe_align.SMALL_PAIRS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
