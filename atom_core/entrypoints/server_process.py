@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 SERVE = "import sys; from atom_core.entrypoints.server_runtime import main; sys.exit(main())"
@@ -85,12 +86,14 @@ class ServerProcess:
     log line per HTTP request (off: the tests' servers answer thousands)."""
 
     def __init__(self, model: str | Path | None, *extra: str, log: Path | None = None,
-                 access_log: bool = False) -> None:
+                 access_log: bool = False, command: Sequence[str] | None = None) -> None:
+        """``command``: what runs ``atom serve`` (``["atom", "serve"]``, say); by default
+        ``python -c`` - not -m: multiprocessing's spawn imports a -m main module again in
+        every engine and tensor-parallel process, and this one brings the whole HTTP stack
+        (~0.4 s each)."""
         self.port = free_port()
-        # -c, not -m: multiprocessing's spawn imports a -m main module again in every engine
-        # and tensor-parallel process, and this one brings the whole HTTP stack (~0.4 s each).
-        args = [sys.executable, "-c", SERVE, "--host", "127.0.0.1",
-                "--server-port", str(self.port), *extra]
+        launcher = list(command) if command is not None else [sys.executable, "-c", SERVE]
+        args = [*launcher, "--host", "127.0.0.1", "--server-port", str(self.port), *extra]
         if not access_log:
             args.append("--disable-uvicorn-access-log")
         if model is not None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from atom_core.entrypoints.server_process import cpu_seconds, descendant_pids
+from atom_core.entrypoints.server_process import ServerProcess, cpu_seconds, descendant_pids
 
 BUSY_S = 0.3
 # A child that spins for BUSY_S of CPU, starts a grandchild that waits, then waits itself.
@@ -37,3 +37,16 @@ def test_cpu_seconds_and_descendants_of_a_busy_child():
         time.sleep(0.05)
     assert cpu_seconds(child.pid) == 0.0  # gone
     assert child.pid not in descendant_pids(os.getpid())
+
+
+def test_a_command_of_ones_own_gets_the_server_flags(tmp_path):
+    """``command`` replaces the ``python -c`` launcher (bench/server_start.py passes
+    ``atom serve``); the flags after it are the same."""
+    log = tmp_path / "argv.log"
+    echo = [sys.executable, "-c", "import sys; print(sys.argv[1:])"]
+    server = ServerProcess("some-model", "--max-model-len", "64", log=log, command=echo)
+    assert server.proc.wait(30) == 0
+    server.stop()
+    assert log.read_text().strip() == str([
+        "--host", "127.0.0.1", "--server-port", str(server.port), "--max-model-len", "64",
+        "--disable-uvicorn-access-log", "--model", "some-model"])
