@@ -27,7 +27,6 @@ from typing import Any
 import zmq
 
 from atom_core.config import Config
-from atom_core.distributed.workers import free_port
 from atom_core.engine.core_link import LinkServer
 from atom_core.engine.core_messages import (
     AbortRequests,
@@ -52,7 +51,6 @@ from atom_core.engine.request_stream import (
     received_at,
 )
 from atom_core.errors import ConfigError, EngineDeadError, InvalidRequestError
-from atom_core.loader import load_tokenizer
 from atom_core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -99,13 +97,15 @@ class EngineClient:
     """Starts the engine processes (one per data-parallel replica) and serves
     EngineClientAPI to the HTTP handlers."""
 
-    def __init__(self, config: Config, served_model_name: str | None = None) -> None:
-        """Opens each replica's engine link (core_link) and starts its engine process, then
-        loads the tokenizer while the engines import and load the model (each takes seconds;
-        ~2 s of a 19 s start of the embedded model on a 2-core VM is the tokenizer). ``start``
-        waits for the engines. Call it on the main thread: an engine process dies with the
-        thread that started it (PR_SET_PDEATHSIG), and only the main thread lives as long as
-        the process."""
+    def __init__(self, config: Config, served_model_name: str | None = None,
+                 waiting: list[WaitingEngine] | None = None) -> None:
+        """Opens each replica's engine link (core_link) and starts its engine process, or
+        hands its config to one of ``waiting`` (``start_waiting_engines``; those left over
+        are stopped), then loads the tokenizer while the engines import and load the model
+        (each takes seconds; ~2 s of a 19 s start of the embedded model on a 2-core VM is
+        the tokenizer). ``start`` waits for the engines. Call it on the main thread: an
+        engine process dies with the thread that started it (PR_SET_PDEATHSIG), and only the
+        main thread lives as long as the process."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("EngineClient must be created on the main thread")
         self.config = config
@@ -124,12 +124,16 @@ class EngineClient:
         self._call_ids = itertools.count(1)
         self._readers: list[asyncio.Task] = []
         self.replicas: list[_Replica] = []
+        waiting = list(waiting or [])
         try:
             for i, replica in enumerate(self.replica_configs(config)):
-                self.replicas.append(self._start_replica(i, replica))
+                self.replicas.append(self._start_replica(i, replica, waiting.pop(0) if waiting
+                                                         else None))
         except BaseException:
             self.abandon()
             raise
+        finally:
+            dismiss(waiting)
         try:
             self.tokenizer, self.chat_template = load_tokenizer(config)
             if self.tokenizer is None:
@@ -152,24 +156,27 @@ class EngineClient:
             return [config]
         port = par.master_port
         if par.enable_dp_attention and port is None:
+            from atom_core.distributed.workers import free_port
+
             port = free_port()
         return [replace(config, parallel_config=replace(par, data_parallel_rank=i,
                                                         master_port=port))
                 for i in range(par.data_parallel_size)]
 
     @staticmethod
-    def _start_replica(index: int, config: Config) -> _Replica:
+    def _start_replica(index: int, config: Config, waiting: WaitingEngine | None) -> _Replica:
         link = LinkServer()
-        spawn = mp.get_context("spawn")
-        process = spawn.Process(
-            target=_engine_main,
-            args=(config, link.link, os.getpid(), logging.getLogger().level),
-            name=f"atom-engine-core-{index}" if index else "atom-engine-core",
-            daemon=True,
-        )
+        args = (config, link.link, os.getpid(), logging.getLogger().level)
         try:
+            if waiting is not None:
+                waiting.conn.send(args)
+                waiting.conn.close()
+                return _Replica(index, link, waiting.process)
+            process = _spawn(_engine_main, args, index)
             process.start()
         except BaseException:
+            if waiting is not None:
+                dismiss([waiting])
             link.close()
             raise
         return _Replica(index, link, process)
@@ -441,6 +448,69 @@ class EngineClient:
             "num_kv_blocks": r.num_kv_blocks if r else None,
             "data_parallel_size": len(self.replicas),
         }
+
+
+def load_tokenizer(config: Config) -> tuple[Any, str | None]:
+    """The loader's (imported here: it imports torch, which the frontend has no need of
+    before its engines are started)."""
+    from atom_core.loader import load_tokenizer as load
+
+    return load(config)
+
+
+@dataclass
+class WaitingEngine:
+    """An engine process started before its config exists: it imports the engine's modules
+    while the frontend checks its flags and model (seconds of importing torch on either
+    side), then runs the config ``EngineClient`` sends it down ``conn``."""
+
+    process: Any  # multiprocessing's spawned Process
+    conn: Any  # the frontend's end of the pipe
+
+
+def start_waiting_engines(count: int) -> list[WaitingEngine]:
+    """``count`` engine processes waiting for their configs. Call it on the main thread
+    (see ``EngineClient``), and ``dismiss`` those no EngineClient takes."""
+    engines: list[WaitingEngine] = []
+    try:
+        for index in range(count):
+            theirs, ours = mp.get_context("spawn").Pipe(duplex=False)
+            process = _spawn(_engine_waits, (theirs,), index)
+            process.start()
+            theirs.close()
+            engines.append(WaitingEngine(process, ours))
+    except BaseException:
+        dismiss(engines)
+        raise
+    return engines
+
+
+def dismiss(engines: list[WaitingEngine]) -> None:
+    """Stop waiting engines: killed, as they may be importing for seconds yet."""
+    for engine in engines:
+        engine.conn.close()
+        if engine.process.is_alive():
+            engine.process.kill()
+        engine.process.join(10)
+
+
+def _spawn(target: Callable[..., None], args: tuple, index: int) -> Any:
+    return mp.get_context("spawn").Process(
+        target=target, args=args, daemon=True,
+        name=f"atom-engine-core-{index}" if index else "atom-engine-core",
+    )
+
+
+def _engine_waits(conn: Any) -> None:
+    """A waiting engine's entry point: the imports first, then the config."""
+    from atom_core.engine.core_process import run_engine_core
+
+    try:
+        args = conn.recv()
+    except EOFError:  # the frontend stopped (or failed its checks) before handing one over
+        return
+    conn.close()
+    run_engine_core(*args)
 
 
 def _engine_main(*args: Any) -> None:

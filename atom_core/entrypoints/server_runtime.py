@@ -33,14 +33,10 @@ from safetensors import SafetensorError, safe_open
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from atom_core.engine.annotations import profiler_timeout
 from atom_core.engine.arg_utils import EngineArgs
-from atom_core.engine.client import EngineClient
+from atom_core.engine.client import EngineClient, dismiss, start_waiting_engines
 from atom_core.entrypoints.server_args import add_server_args
 from atom_core.errors import AtomError, ConfigError
-from atom_core.loader import hf_dir
-from atom_core.loader.gguf_loader import GGUFFile
-from atom_core.loader.hub import is_repo_id, resolve_model
 from atom_core.parsing.response import check_parser_names
 
 logger = logging.getLogger("atom.server")
@@ -67,22 +63,26 @@ def serve(args: argparse.Namespace) -> int:
     """Run the server; returns only when it could not start (the exit code), else the
     process exits from here with the server's code."""
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        resolve_model_args(args)
-    except AtomError as exc:
-        print(f"atom serve: error: {exc}", file=sys.stderr)
-        return 1
     if args.node_rank > 0 or _launched_worker(args):
         return _serve_node(args)
+    # The engine processes start first, before anything here imports torch: they import
+    # their modules while this one checks the flags and the model, then load the model
+    # while this one imports the HTTP stack and loads the tokenizer. A check that fails
+    # stops them before they have read anything. (-dp is not checked yet: bounded here.)
+    waiting = start_waiting_engines(max(1, min(args.data_parallel_size, os.cpu_count() or 1)))
     try:
+        resolve_model_args(args)
         engine_config = EngineArgs.from_cli_args(args).create_config()
+        from atom_core.engine.annotations import profiler_timeout
+
         profiler_timeout()  # ATOM_PROFILER_TIMEOUT: build_app reads it; a typo fails here
         check_parser_names(args.tool_call_parser, args.reasoning_parser)
         check_model(args)  # after the flags' checks: those errors say more
-        # The engine process starts now: it imports and loads the model while this one
-        # imports the HTTP stack and loads the tokenizer.
-        client = EngineClient(engine_config, args.served_model_name)
-    except AtomError as exc:
+        client = EngineClient(engine_config, args.served_model_name, waiting)
+    except BaseException as exc:
+        dismiss(waiting)
+        if not isinstance(exc, AtomError):
+            raise
         print(f"atom serve: error: {exc}", file=sys.stderr)
         return 1
     try:
@@ -127,6 +127,8 @@ def resolve_model_args(args: argparse.Namespace) -> None:
         if args.model is not None and args.model != args.model_tag:
             raise ConfigError(f"two models named: {args.model_tag} and --model {args.model}")
         args.model = args.model_tag
+    from atom_core.loader.hub import is_repo_id, resolve_model
+
     if args.model is not None and is_repo_id(args.model):
         args.served_model_name = args.served_model_name or args.model
     args.model = resolve_model(args.model, args.revision, args.download_dir)
@@ -139,6 +141,7 @@ def _serve_node(args: argparse.Namespace) -> int:
     from atom_core.distributed.launch import launched_rank, run_launched, run_node
 
     try:
+        resolve_model_args(args)
         config = EngineArgs.from_cli_args(args).create_config()
         check_model(args)
         launched = launched_rank(config.parallel_config)
@@ -162,6 +165,9 @@ def check_model(args: argparse.Namespace) -> None:
     and as a traceback."""
     if args.model is None:
         return  # the embedded default, which the loader checks
+    from atom_core.loader import hf_dir
+    from atom_core.loader.gguf_loader import GGUFFile
+
     path = Path(args.model).expanduser()
     if not path.exists():
         raise ConfigError(f"--model {path} does not exist")

@@ -10,9 +10,10 @@ device in one copy.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the frontend imports this package for StructuredSpec, and needs no torch
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ def fill_bitmask(matchers: list[GrammarMatcher], vocab_size: int,
     """[len(matchers), bitmask_width(vocab_size)] int32 on the host: row i is
     ``matchers[i]``'s next-token bitmask. ``pin``: in page-locked memory, for an
     asynchronous copy to a GPU."""
+    import torch
+
     global _executor
     width = bitmask_width(vocab_size)
     out = torch.empty((len(matchers), width), dtype=torch.int32, pin_memory=pin)

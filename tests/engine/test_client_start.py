@@ -4,6 +4,7 @@ fails after that leaves no engine process and no link directory behind."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing
 import shutil
 import stat
@@ -97,32 +98,70 @@ def test_the_engine_client_refuses_to_start_off_the_main_thread():
     assert "main thread" in str(errors[0]) and engines() == []
 
 
-# Run in a fresh interpreter: which modules are loaded when `atom serve` starts the engine.
+# Run in a fresh interpreter: which modules are loaded when `atom serve` starts the engine,
+# and when it hands the engine its config.
 SERVE_UNTIL_THE_ENGINE_STARTS = """
 import sys
+from atom_core.engine import client as engine_client
 from atom_core.entrypoints import server_runtime
 
-real = server_runtime.EngineClient
+real_start, real_client = server_runtime.start_waiting_engines, server_runtime.EngineClient
+HEAVY = ("torch", "transformers", "fastapi", "atom_core.entrypoints.http.app",
+         "atom_core.engine.core_process")
 
 
-def started(config, name):
-    client = real(config, name)
-    heavy = ("fastapi", "atom_core.entrypoints.http.app", "atom_core.engine.core_process")
-    print("loaded:", [m for m in heavy if m in sys.modules], client.replicas[0].process.is_alive())
+def start(count):
+    waiting = real_start(count)
+    print("at the start:", [m for m in HEAVY if m in sys.modules], len(waiting))
+    return waiting
+
+
+def started(config, name, waiting):
+    client = real_client(config, name, waiting)
+    print("handed over:", [m for m in HEAVY if m in sys.modules],
+          client.replicas[0].process is waiting[0].process, client.replicas[0].process.is_alive())
     client.abandon()
     raise SystemExit(0)
 
 
+server_runtime.start_waiting_engines = start
 server_runtime.EngineClient = started
 server_runtime.main(["--model", sys.argv[1], "--device", "cpu"])
 """
 
 
-def test_serve_starts_the_engine_before_it_imports_the_http_stack():
-    """The engine process imports torch's ops and loads the model while the frontend
-    imports FastAPI and its routes; the frontend never imports the engine's modules."""
+def test_serve_starts_the_engine_before_it_imports_torch_or_the_http_stack():
+    """The engine process imports torch and its own modules while the frontend checks the
+    flags and the model; it loads the model while the frontend imports FastAPI and its
+    routes. The frontend never imports the engine's modules."""
     out = subprocess.run([sys.executable, "-c", SERVE_UNTIL_THE_ENGINE_STARTS,
                           str(tiny_model_dir("llama"))],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "loaded: [] True" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "at the start: [] 1" in out.stdout, out.stdout + out.stderr[-2000:]
+    # torch and transformers: the model's checks and the tokenizer.
+    assert "handed over: ['torch', 'transformers'] True True" in out.stdout, out.stdout
+
+
+def test_a_waiting_engine_runs_the_config_it_is_handed():
+    config = config_for(tiny_model_dir("llama"), "--device", "cpu")
+    waiting = engine_client.start_waiting_engines(2)
+    client = engine_client.EngineClient(config, waiting=waiting)
+    try:
+        [replica] = client.replicas
+        assert replica.process is waiting[0].process
+        assert not waiting[1].process.is_alive()  # one replica: the other one was stopped
+        asyncio.run(asyncio.wait_for(client.start(), 120))
+        assert replica.process.is_alive() and client.max_model_len > 0
+    finally:
+        client.abandon()
+    assert engines() == []
+
+
+def test_a_waiting_engine_exits_when_the_frontend_hands_it_nothing():
+    """A frontend that stops before its engine has its config (killed, or its checks
+    failed) closes its end of the pipe: the engine exits once its imports are done."""
+    [engine] = engine_client.start_waiting_engines(1)
+    engine.conn.close()
+    engine.process.join(120)
+    assert engine.process.exitcode == 0 and engines() == []
