@@ -169,7 +169,12 @@ class EngineClient:
         args = (config, link.link, os.getpid(), logging.getLogger().level)
         try:
             if waiting is not None:
-                waiting.conn.send(args)
+                try:
+                    waiting.conn.send(args)
+                except OSError:  # it died importing; what it printed is on stderr
+                    waiting.process.join(10)
+                    raise ConfigError("the engine process exited during start-up (code "
+                                      f"{waiting.process.exitcode})") from None
                 waiting.conn.close()
                 return _Replica(index, link, waiting.process)
             process = _spawn(_engine_main, args, index)

@@ -165,3 +165,15 @@ def test_a_waiting_engine_exits_when_the_frontend_hands_it_nothing():
     engine.conn.close()
     engine.process.join(120)
     assert engine.process.exitcode == 0 and engines() == []
+
+
+def test_a_waiting_engine_that_died_is_a_start_up_error():
+    """An engine that died before its config came (an import that failed, a kill) is said
+    as one ConfigError, not a broken pipe's traceback."""
+    [engine] = engine_client.start_waiting_engines(1)
+    engine.process.kill()
+    engine.process.join(10)
+    with pytest.raises(ConfigError, match=r"exited during start-up \(code -9\)"):
+        engine_client.EngineClient(config_for(tiny_model_dir("llama"), "--device", "cpu"),
+                                   waiting=[engine])
+    assert engines() == []
